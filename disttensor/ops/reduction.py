@@ -1,0 +1,134 @@
+"""Reductions over axes: sum, mean, max, min, argmax, argmin. Rule: ``reduction``.
+
+``mean`` is ``sum`` scaled by 1/count, so a sharded mean is exact on uneven shards (the local
+sums become a Partial(sum) and the count is global)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dtype import to_np_dtype
+from ..tensor import Tensor
+from .common import as_tensor, normalize_axes
+from .registry import OPS, apply, register
+
+
+def _keepdim_shape(shape, axes) -> list[int]:
+    return [1 if i in axes else n for i, n in enumerate(shape)]
+
+
+def _expand_back(g: Tensor, node) -> Tensor:
+    """``g`` (the reduced grad) broadcast back to the input's shape."""
+    from .shape import expand, reshape
+
+    (shape,) = node.in_shapes
+    axes = node.attrs["axis"]
+    if not node.attrs["keepdim"]:
+        g = reshape(g, _keepdim_shape(shape, axes))
+    return expand(g, list(shape))
+
+
+def _sum_kernel(xp, x, axis, keepdim, dtype=None):
+    return xp.sum(x, axis=axis, keepdims=keepdim, dtype=dtype)
+
+
+def _sum_bwd(node, g):
+    return _expand_back(g, node)
+
+
+def _extreme_kernel(xp, x, axis, keepdim, reduce_type):
+    if x.size == 0 and axis:
+        raise ValueError(f"{reduce_type}: reducing an empty axis of shape {list(x.shape)}")
+    f = xp.max if reduce_type == "max" else xp.min
+    return f(x, axis=axis, keepdims=keepdim)
+
+
+def _extreme_bwd(node, g):
+    """Gradient flows to the elements equal to the extreme, split evenly among ties."""
+    from .elementwise import cast, divide, equal, multiply
+    from .shape import expand
+
+    x, out = node.saved_tensor(0), node.saved_tensor(1)
+    out_b = _expand_back(out, node)
+    mask = cast(equal(x, out_b), x.dtype)
+    count = _reduce(mask, node.attrs["axis"], True, "sum")
+    return multiply(_expand_back(g, node), divide(mask, expand(count, list(x.shape))))
+
+
+register("sum", backward=_sum_bwd, rule="reduction",
+         rule_attrs={"reduce_type": "sum"})(_sum_kernel)
+register("max", backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
+         rule_attrs={"reduce_type": "max"})(
+    lambda xp, x, axis, keepdim: _extreme_kernel(xp, x, axis, keepdim, "max"))
+register("min", backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
+         rule_attrs={"reduce_type": "min"})(
+    lambda xp, x, axis, keepdim: _extreme_kernel(xp, x, axis, keepdim, "min"))
+
+
+def _arg_kernel(xp, x, axis, keepdim, reduce_type):
+    f = xp.argmax if reduce_type == "argmax" else xp.argmin
+    if len(axis) == x.ndim and x.ndim != 1:
+        out = f(x.reshape(-1))
+        return out.reshape([1] * x.ndim) if keepdim else out
+    return f(x, axis=axis[0], keepdims=keepdim).astype(np.int64)
+
+
+register("argmax", rule="reduction", rule_attrs={"reduce_type": "argmax"})(
+    lambda xp, x, axis, keepdim: _arg_kernel(xp, x, axis, keepdim, "argmax"))
+register("argmin", rule="reduction", rule_attrs={"reduce_type": "argmin"})(
+    lambda xp, x, axis, keepdim: _arg_kernel(xp, x, axis, keepdim, "argmin"))
+
+
+def _reduce(x: Tensor, axis: Any, keepdim: bool, name: str, **extra) -> Tensor:
+    x = as_tensor(x)
+    axes = normalize_axes(name, axis, x.ndim)
+    return apply(OPS[name], (x,), {"axis": axes, "keepdim": bool(keepdim), **extra})
+
+
+def sum(x: Tensor, axis: Any = None, dtype: Any = None, keepdim: bool = False,
+        name: str | None = None) -> Tensor:
+    """Sum over ``axis`` (None = all). Integer and bool inputs sum to int64, as in Paddle."""
+    x = as_tensor(x)
+    d = None if dtype is None else to_np_dtype(dtype)
+    if d is None and np.dtype(x.dtype).kind in "biu":
+        d = np.dtype(np.int64)
+    return _reduce(x, axis, keepdim, "sum", dtype=d)
+
+
+def mean(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
+    """Arithmetic mean over ``axis`` (None = all); floating inputs only."""
+    from .elementwise import scale
+
+    x = as_tensor(x)
+    if np.dtype(x.dtype).kind != "f":
+        raise TypeError(f"mean: x must be floating, got {np.dtype(x.dtype).name}")
+    axes = normalize_axes("mean", axis, x.ndim)
+    count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    if count == 0:
+        raise ValueError(f"mean: reducing axes {list(axes)} of shape {x.shape} that hold no "
+                         "elements")
+    return scale(apply(OPS["sum"], (x,), {"axis": axes, "keepdim": bool(keepdim), "dtype": None}),
+                 1.0 / count)
+
+
+def max(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
+    """Maximum over ``axis`` (None = all); the gradient is split evenly among ties."""
+    return _reduce(x, axis, keepdim, "max")
+
+
+def min(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
+    """Minimum over ``axis`` (None = all); the gradient is split evenly among ties."""
+    return _reduce(x, axis, keepdim, "min")
+
+
+def argmax(x: Tensor, axis: int | None = None, keepdim: bool = False,
+           name: str | None = None) -> Tensor:
+    """Index (int64) of the maximum along ``axis``; over the flattened tensor when None."""
+    return _reduce(x, axis, keepdim, "argmax")
+
+
+def argmin(x: Tensor, axis: int | None = None, keepdim: bool = False,
+           name: str | None = None) -> Tensor:
+    """Index (int64) of the minimum along ``axis``; over the flattened tensor when None."""
+    return _reduce(x, axis, keepdim, "argmin")

@@ -1,0 +1,180 @@
+"""The op registry (one declarative entry per op, like Paddle's ops.yaml) and the dispatcher.
+
+An :class:`OpDef` names everything the runtime needs to know about an op:
+
+* ``kernel(xp, *arrays, **attrs)`` — written once against the array module ``xp`` (numpy or
+  cupy); returns one array or a tuple of ``n_out`` arrays;
+* ``backward(node, *out_grads)`` — returns one grad (or None) per input, built from registered
+  ops so it dispatches like the forward; ``node.saved_tensor(i)`` gives the values listed in
+  ``save_inputs`` then ``save_outputs``; ``node.attrs`` and ``node.in_shapes`` are at hand;
+* ``rule`` — the name of its SPMD rule in :mod:`spmd_rules` (``"replicated"`` = the fallback);
+* ``view`` — ``(input, output)`` pairs whose output shares the input's buffer and version counter;
+* ``inplace`` — the ``(input, output)`` pair of the ``op_`` variant: the output is written into
+  the input, which is returned itself with its version bumped.
+
+:func:`apply` runs an op. Dense inputs run the kernel directly; any distributed input sends the
+call through :mod:`disttensor.dist.dispatch`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import autograd
+from ..autograd import _GradMode, record
+from ..tensor import DenseTensor, Tensor
+
+__all__ = ["OpDef", "register", "OPS", "apply", "apply_inplace", "to_leaf_layout"]
+
+
+@dataclass(eq=False)
+class OpDef:
+    name: str
+    kernel: Callable
+    backward: Callable | None = None
+    rule: str = "replicated"
+    n_out: int = 1
+    save_inputs: tuple[int, ...] = ()
+    save_outputs: tuple[int, ...] = ()
+    view: tuple[tuple[int, int], ...] = ()
+    inplace: tuple[int, int] | None = None
+    nondiff_outputs: frozenset = frozenset()
+    rule_attrs: dict = field(default_factory=dict)
+    # Inputs that may carry gradients (None = all floating inputs); used by the grad checks.
+    grad_inputs: tuple[int, ...] | None = None
+    # Hook for ops whose local computation on a rank needs more than the local pieces
+    # (communication inside the op, global offsets); see disttensor.dist.dispatch.
+    dist_kernel: Callable | None = None
+
+    @property
+    def differentiable(self) -> bool:
+        return self.backward is not None
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(name: str, **spec: Any) -> Callable[[Callable], Callable]:
+    """Decorator registering ``kernel`` as op ``name`` with the fields of :class:`OpDef`."""
+    def deco(kernel: Callable) -> Callable:
+        if name in OPS:
+            raise ValueError(f"register: op {name!r} is already registered")
+        OPS[name] = OpDef(name=name, kernel=kernel, **spec)
+        return kernel
+    return deco
+
+
+def _xp(arr):
+    if type(arr) is np.ndarray or isinstance(arr, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
+    """Run ``op`` on ``inputs`` (Tensors or None) with keyword ``attrs``; returns Tensor(s)."""
+    arrays = []
+    for t in inputs:
+        if t is None:
+            arrays.append(None)
+        elif type(t._value) is DenseTensor:
+            arrays.append(t._value.array)
+        else:
+            from ..dist.dispatch import dist_apply
+
+            return dist_apply(op, inputs, attrs)
+    first = next(a for a in arrays if a is not None)
+    res = op.kernel(np if type(first) is np.ndarray else _xp(first), *arrays, **attrs)
+    if op.n_out == 1:
+        outs = (_wrap(res, op, 0, inputs),)
+    else:
+        outs = tuple(_wrap(r, op, i, inputs) for i, r in enumerate(res))
+    if _GradMode.enabled and op.backward is not None:
+        for t in inputs:
+            if t is not None and not t.stop_gradient:
+                record(op, attrs, inputs, outs)
+                break
+    return outs[0] if op.n_out == 1 else outs
+
+
+def _wrap(arr, op: OpDef, slot: int, inputs: tuple) -> Tensor:
+    if isinstance(arr, np.generic):  # numpy reductions to 0-d give scalars
+        arr = np.asarray(arr)
+    for i, o in op.view:
+        if o == slot:
+            src = inputs[i]._value
+            if np.may_share_memory(arr, src.array) if type(arr) is np.ndarray else True:
+                t = Tensor(DenseTensor(arr, src.holder))
+                t._is_view = True
+                return t
+    return Tensor(DenseTensor(arr))
+
+
+def check_inplace_target(op: OpDef, x: Tensor) -> None:
+    """The leaf rule of DESIGN §2, checked before anything is modified."""
+    if _GradMode.enabled and x._node is None and not x.stop_gradient:
+        raise ValueError(f"Leaf Var ({x._label()}) that doesn't stop gradient can't use inplace "
+                         f"strategy. (op {op.name}_)")
+
+
+def apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
+    """Run the inplace variant ``op_``: compute, write into the target input, return it.
+
+    The target keeps its object identity (and, when distributed, its mesh and placements); its
+    buffer's version counter is bumped; its grad node becomes this op's node.
+    """
+    ti, to = op.inplace
+    x = inputs[ti]
+    check_inplace_target(op, x)
+    if x.is_dist() or any(t is not None and t.is_dist() for t in inputs):
+        from ..dist.dispatch import dist_apply_inplace
+
+        return dist_apply_inplace(op, inputs, attrs)
+    arrays = [None if t is None else t._value.array for t in inputs]
+    res = op.kernel(_xp(arrays[ti]), *arrays, **attrs)
+    out = res if op.n_out == 1 else res[to]
+    target = x._value.array
+    if out.shape != target.shape:
+        raise ValueError(f"{op.name}_: the result shape {list(out.shape)} differs from the shape "
+                         f"{list(target.shape)} of the tensor modified inplace")
+    needs_grad = _GradMode.enabled and op.backward is not None and any(
+        t is not None and not t.stop_gradient for t in inputs)
+    if needs_grad and x._is_view:
+        raise ValueError(f"{op.name}_: inplace update of a view that needs grad is not supported "
+                         "(the gradient could not reach the viewed base); apply the op to the "
+                         "base tensor or use the out-of-place op")
+    node = record(op, attrs, inputs, [None] * op.n_out) if needs_grad else None
+    if out is not target:
+        target[...] = out
+    commit_inplace(op, x, node)
+    return x
+
+
+def commit_inplace(op: OpDef, x: Tensor, node) -> None:
+    """After ``x``'s buffer was written: bump its version and make it the node's output.
+
+    ``node`` was recorded before the write, so its saved inputs carry the old version (a later
+    backward that needs them raises instead of using the overwritten values).
+    """
+    x._local_dense().holder.version += 1
+    if node is not None:
+        slot = op.inplace[1]
+        if slot in op.save_outputs:
+            node.save(x)
+        x._node, x._slot, x.stop_gradient = node, slot, False
+
+
+def to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
+    """A leaf's gradient in the leaf's own layout (reshard to its mesh and placements)."""
+    if leaf.is_dist() or g.is_dist():
+        from ..dist.dispatch import grad_to_leaf_layout
+
+        return grad_to_leaf_layout(leaf, g)
+    if g.dtype != leaf.dtype:
+        from . import cast
+
+        g = cast(g, leaf.dtype)
+    return g
