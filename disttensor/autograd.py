@@ -61,10 +61,12 @@ def enable_grad():
 class GradNode:
     """One recorded op application (see module docstring)."""
 
-    __slots__ = ("op", "attrs", "edges", "saved", "in_shapes", "released", "__weakref__")
+    __slots__ = ("op", "attrs", "edges", "saved", "in_shapes", "n_out", "released",
+                 "__weakref__")
 
-    def __init__(self, op, attrs: dict, edges: tuple, in_shapes: tuple):
+    def __init__(self, op, attrs: dict, edges: tuple, in_shapes: tuple, n_out: int):
         self.op = op
+        self.n_out = n_out
         self.attrs = attrs
         self.edges = edges
         self.saved: list | None = []
@@ -115,7 +117,7 @@ def _edge(t: Tensor | None):
 def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> GradNode:
     """Attach a new grad node for ``op`` to ``outputs`` (called by the dispatcher)."""
     node = GradNode(op, attrs, tuple(_edge(t) for t in inputs),
-                    tuple(None if t is None else t._value.shape for t in inputs))
+                    tuple(None if t is None else t._value.shape for t in inputs), len(outputs))
     for i in op.save_inputs:
         node.save(inputs[i])
     for i in op.save_outputs:
@@ -219,7 +221,7 @@ def _send(edge, g: Tensor, nodes: dict, node_grads: dict, leaves: dict, leaf_gra
         k = id(node)
         if k not in nodes:
             nodes[k] = node
-            node_grads[k] = [None] * node.op.n_out
+            node_grads[k] = [None] * node.n_out
         buf = node_grads[k]
         buf[slot] = g if buf[slot] is None else buf[slot] + g
     else:

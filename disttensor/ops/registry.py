@@ -44,9 +44,11 @@ class OpDef:
     rule_attrs: dict = field(default_factory=dict)
     # Inputs that may carry gradients (None = all floating inputs); used by the grad checks.
     grad_inputs: tuple[int, ...] | None = None
-    # Hook for ops whose local computation on a rank needs more than the local pieces
-    # (communication inside the op, global offsets); see disttensor.dist.dispatch.
-    dist_kernel: Callable | None = None
+    # Inputs the kernel writes into (batch_norm's running stats); their version is bumped.
+    mutates: tuple[int, ...] = ()
+    # The kernel takes ``ctx`` (a :class:`KernelCtx`) to learn its place in the global tensor
+    # and to reduce partial statistics across ranks (batch_norm, cross_entropy, dropout, ...).
+    needs_ctx: bool = False
 
     @property
     def differentiable(self) -> bool:
@@ -54,6 +56,30 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+
+
+class KernelCtx:
+    """What a ``needs_ctx`` kernel may ask about the global tensor its inputs are pieces of.
+
+    This dense version answers for a single process (whole arrays, nothing to reduce); the
+    distributed dispatcher passes one that answers for this rank's pieces.
+    """
+
+    def allreduce(self, arr, op: str, input_index: int, axes: tuple[int, ...]):
+        """Reduce ``arr`` across the ranks that hold other pieces of ``axes`` of input
+        ``input_index`` (identity here)."""
+        return arr
+
+    def offset(self, input_index: int, axis: int) -> int:
+        """Global index of this piece's first element along ``axis`` of input ``input_index``."""
+        return 0
+
+    def global_shape(self, input_index: int, local_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The global shape of input ``input_index`` (given its local shape)."""
+        return tuple(local_shape)
+
+
+DENSE_CTX = KernelCtx()
 
 
 def register(name: str, **spec: Any) -> Callable[[Callable], Callable]:
@@ -87,7 +113,13 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
 
             return dist_apply(op, inputs, attrs)
     first = next(a for a in arrays if a is not None)
-    res = op.kernel(np if type(first) is np.ndarray else _xp(first), *arrays, **attrs)
+    xp = np if type(first) is np.ndarray else _xp(first)
+    if op.needs_ctx:
+        res = op.kernel(xp, *arrays, ctx=DENSE_CTX, **attrs)
+    else:
+        res = op.kernel(xp, *arrays, **attrs)
+    for i in op.mutates:
+        inputs[i]._value.holder.version += 1
     if op.n_out == 1:
         outs = (_wrap(res, op, 0, inputs),)
     else:
@@ -134,7 +166,10 @@ def apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
 
         return dist_apply_inplace(op, inputs, attrs)
     arrays = [None if t is None else t._value.array for t in inputs]
-    res = op.kernel(_xp(arrays[ti]), *arrays, **attrs)
+    if op.needs_ctx:
+        res = op.kernel(_xp(arrays[ti]), *arrays, ctx=DENSE_CTX, **attrs)
+    else:
+        res = op.kernel(_xp(arrays[ti]), *arrays, **attrs)
     out = res if op.n_out == 1 else res[to]
     target = x._value.array
     if out.shape != target.shape:

@@ -215,22 +215,17 @@ def _split_kernel(xp, x, sections, axis):
 
 
 def _split_bwd(node, *gs):
-    axis = node.attrs["axis"]
-    shape = list(node.in_shapes[0])
-    parts = []
-    for g, n in zip(gs, node.attrs["sections"]):
-        if g is None:
-            s = list(shape)
-            s[axis] = n
-            g = full_zeros(s, node)
-        parts.append(g)
-    return concat(parts, axis)
-
-
-def full_zeros(shape, node) -> Tensor:
     from .creation import zeros
 
-    return zeros(shape, dtype=node.attrs.get("dtype", "float32"))
+    axis = node.attrs["axis"]
+    shape = list(node.in_shapes[0])
+    dtype = next(g for g in gs if g is not None).dtype
+    parts = []
+    for g, n in zip(gs, node.attrs["sections"]):
+        if g is None:  # an unused piece: a dense zero block (joins a dist concat as Replicate)
+            g = zeros(shape[:axis] + [n] + shape[axis + 1:], dtype=dtype)
+        parts.append(g)
+    return concat(parts, axis)
 
 
 register("split", backward=_split_bwd, rule="split", n_out=-1, view=_VIEW)(_split_kernel)
@@ -257,8 +252,7 @@ def split(x: Tensor, num_or_sections: Any, axis: int = 0, name: str | None = Non
         if any(s < 0 for s in sections) or sum(sections) != n:
             raise ValueError(f"split: sections {list(num_or_sections)} do not add up to the size "
                              f"{n} of axis {axis} of shape {x.shape}")
-    outs = apply(OPS["split"], (x,), {"sections": tuple(sections), "axis": axis,
-                                      "dtype": np.dtype(x.dtype).name})
+    outs = apply(OPS["split"], (x,), {"sections": tuple(sections), "axis": axis})
     return list(outs)
 
 
