@@ -184,7 +184,9 @@ def _scale_kernel(xp, x, scale=1.0, bias=0.0, bias_after_scale=True):
 
 
 register("scale", backward=lambda node, g: scale(g, node.attrs.get("scale", 1.0)),
-         rule="elementwise", inplace=(0, 0), rule_attrs={"linear": "unary"})(_scale_kernel)
+         rule="elementwise", inplace=(0, 0),
+         # a Partial(sum) input stays Partial only without a bias (sum of biases != bias)
+         rule_attrs=lambda a: {"linear": "unary" if not a.get("bias") else None})(_scale_kernel)
 
 
 def _cast_bwd(node, g):
@@ -192,7 +194,8 @@ def _cast_bwd(node, g):
 
 
 register("cast", backward=_cast_bwd, rule="elementwise",
-         rule_attrs={"linear": "unary"})(lambda xp, x, dtype, src_dtype: x.astype(dtype))
+         rule_attrs=lambda a: {"linear": "unary" if np.dtype(a["dtype"]).kind == "f"
+                               and np.dtype(a["src_dtype"]).kind == "f" else None})(lambda xp, x, dtype, src_dtype: x.astype(dtype))
 
 
 def _clip_kernel(xp, x, min=None, max=None):
@@ -228,7 +231,7 @@ register("where", backward=_where_bwd, rule="elementwise", save_inputs=(0,),
          grad_inputs=(1, 2))(lambda xp, c, x, y: xp.where(c, x, y))
 
 
-@register("full_like", rule="elementwise", rule_attrs={"linear": "none"})
+@register("full_like", rule="elementwise", rule_attrs={"linear": "like"})
 def _full_like_kernel(xp, x, fill_value, dtype):
     return xp.full(x.shape, fill_value, dtype=dtype)
 

@@ -41,7 +41,8 @@ class OpDef:
     view: tuple[tuple[int, int], ...] = ()
     inplace: tuple[int, int] | None = None
     nondiff_outputs: frozenset = frozenset()
-    rule_attrs: dict = field(default_factory=dict)
+    # Extra attrs for the rule: a dict, or a function of the op's attrs returning one.
+    rule_attrs: dict | Callable = field(default_factory=dict)
     # Inputs that may carry gradients (None = all floating inputs); used by the grad checks.
     grad_inputs: tuple[int, ...] | None = None
     # Inputs the kernel writes into (batch_norm's running stats); their version is bumped.
@@ -49,6 +50,9 @@ class OpDef:
     # The kernel takes ``ctx`` (a :class:`KernelCtx`) to learn its place in the global tensor
     # and to reduce partial statistics across ranks (batch_norm, cross_entropy, dropout, ...).
     needs_ctx: bool = False
+    # Attributes given in global terms (reshape's target shape, a slice's bounds) converted to
+    # this rank's local terms: ``local_attrs(attrs, in_metas, out_metas, coord) -> attrs``.
+    local_attrs: Callable | None = None
 
     @property
     def differentiable(self) -> bool:

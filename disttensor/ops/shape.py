@@ -369,3 +369,43 @@ register("detach", rule="elementwise", view=_VIEW, rule_attrs={"linear": "unary"
 def detach(x: Tensor) -> Tensor:
     """A view of ``x`` cut from the graph (stop_gradient=True, shares the buffer)."""
     return apply(OPS["detach"], (x,), {})
+
+
+# -- global -> local attributes for distributed execution -------------------------------------
+
+def _local_out_shape(attrs, in_metas, out_metas, coord):
+    """reshape / expand: the target shape becomes this rank's output piece shape."""
+    from spmd_rules import local_shape
+
+    meta = out_metas[0]
+    return {**attrs, "shape": local_shape(meta.shape, meta.dist_attr, coord)}
+
+
+def _localize_index(index: tuple, attr) -> tuple:
+    """A slice index over a sharded piece: sharded axes (full-range by the rule) take it all."""
+    out, axis = [], 0
+    for item in index:
+        if item is None:
+            out.append(None)
+            continue
+        out.append(slice(None) if attr.dims_mapping[axis] else item)
+        axis += 1
+    return tuple(out)
+
+
+def _slice_local(attrs, in_metas, out_metas, coord):
+    return {"index": _localize_index(attrs["index"], in_metas[0].dist_attr)}
+
+
+def _slice_grad_local(attrs, in_metas, out_metas, coord):
+    from spmd_rules import local_shape
+
+    meta = out_metas[0]
+    return {"index": _localize_index(attrs["index"], meta.dist_attr),
+            "input_shape": local_shape(meta.shape, meta.dist_attr, coord)}
+
+
+OPS["reshape"].local_attrs = _local_out_shape
+OPS["expand"].local_attrs = _local_out_shape
+OPS["slice"].local_attrs = _slice_local
+OPS["slice_grad"].local_attrs = _slice_grad_local

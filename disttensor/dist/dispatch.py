@@ -1,0 +1,311 @@
+"""Distributed op dispatch (DESIGN §4, steps 2–5).
+
+``dist_apply(op, inputs, attrs)`` for any op with a distributed input:
+
+1. dense inputs join as Replicate on the mesh of the distributed ones;
+2. the op's SPMD rule gives the layouts the inputs must have and the outputs' global shapes and
+   layouts — a :class:`_Decision`, cached by (op, input layouts, shapes, attrs), which also holds
+   the reshard plans and the attrs converted to this rank's local terms;
+3. inputs whose layout differs are resharded (each into a temporary);
+4. the op's kernel runs on the local pieces (ops that need their global place get a ctx);
+5. outputs are wrapped as DistTensors — view outputs share the buffer and version counter of the
+   piece the kernel read (the temporary when the input was resharded) — and the grad node is
+   recorded with the original inputs, so backward dispatches the same way.
+
+Inplace ops compute on the temporary and reshard the result back into the target's own buffer,
+so the target keeps its mesh, placements and object identity. Inputs a kernel writes into
+(``mutates``, e.g. batch_norm's running statistics) are written back the same way.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from spmd_rules import (FALLBACK_RULE, DistAttr, ProcessMesh, TensorMeta, get_rule, local_offset,
+                        local_shape)
+
+from ..autograd import _GradMode, record
+from ..ops.registry import KernelCtx, OpDef, commit_inplace
+from ..tensor import DenseTensor, Tensor
+from .api import _replicated_value, reshard_value
+from .dist_tensor import DistTensor, empty_piece
+from .mesh_groups import coord_of, group_over
+from .reshard import execute, plan_reshard
+
+__all__ = ["dist_apply", "dist_apply_inplace", "grad_to_leaf_layout", "coverage_report"]
+
+
+class DistKernelCtx(KernelCtx):
+    """KernelCtx for this rank's pieces: offsets and global shapes from the required layouts,
+    all-reduces over the mesh dims that shard the named axes."""
+
+    __slots__ = ("metas", "mesh", "coord")
+
+    def __init__(self, metas, mesh: ProcessMesh, coord):
+        self.metas, self.mesh, self.coord = metas, mesh, coord
+
+    def allreduce(self, arr, op: str, input_index: int, axes):
+        attr = self.metas[input_index].dist_attr
+        dims = tuple(sorted(m for a in axes for m in attr.dims_mapping[a]))
+        if not dims:
+            return arr
+        return group_over(self.mesh, dims).all_reduce(arr, op)
+
+    def offset(self, input_index: int, axis: int) -> int:
+        meta = self.metas[input_index]
+        return local_offset(meta.shape, meta.dist_attr, self.coord)[axis]
+
+    def global_shape(self, input_index: int, local_shape_: tuple[int, ...]) -> tuple[int, ...]:
+        return self.metas[input_index].shape
+
+
+class _Decision:
+    """Everything about one (op, input layouts, shapes, attrs) that does not depend on data."""
+
+    __slots__ = ("in_attrs", "in_metas", "out_metas", "plans", "local_attrs", "fallback", "ctx",
+                 "keep")
+
+
+_DECISIONS: dict = {}
+_WARNED: set = set()
+_FALLBACK_OPS: set = set()
+
+
+def _freeze(v: Any):
+    if isinstance(v, dict):
+        return tuple((k, _freeze(x)) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, slice):
+        return ("slice", v.start, v.stop, v.step)
+    return v
+
+
+def _mesh_of(op: OpDef, inputs: tuple) -> ProcessMesh:
+    mesh = None
+    for t in inputs:
+        if t is not None and t.is_dist():
+            m = t._value.mesh
+            if mesh is None:
+                mesh = m
+            elif m != mesh:
+                raise ValueError(
+                    f"{op.name}: inputs live on different meshes {mesh} and {m}; reshard them "
+                    "onto one mesh first (placements "
+                    f"{[None if t is None else t.placements for t in inputs]})")
+    return mesh
+
+
+def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _Decision:
+    metas = []
+    for t in inputs:
+        if t is None:
+            metas.append(None)
+        elif t.is_dist():
+            metas.append(TensorMeta(t._value.shape, t._value.dist_attr))
+        else:
+            metas.append(TensorMeta(tuple(t._value.shape),
+                                    DistAttr.replicated(t.ndim, mesh.shape)))
+    dec = _Decision()
+    dec.fallback = op.rule == FALLBACK_RULE
+    extra = op.rule_attrs(attrs) if callable(op.rule_attrs) else op.rule_attrs
+    rule_attrs = {**extra, **attrs, "op": op.name}
+    if dec.fallback:
+        _FALLBACK_OPS.add(op.name)
+        if op.name not in _WARNED:
+            _WARNED.add(op.name)
+            warnings.warn(f"{op.name} has no SPMD rule yet: its inputs are gathered to Replicate "
+                          "(see disttensor.coverage_report())", stacklevel=4)
+        dec.in_attrs = tuple(None if m is None else DistAttr.replicated(len(m.shape), mesh.shape)
+                             for m in metas)
+        dec.out_metas = None
+    else:
+        res = get_rule(op.rule)(tuple(metas), rule_attrs)
+        dec.in_attrs, dec.out_metas = res.inputs, res.outputs
+    dec.in_metas = tuple(None if m is None else TensorMeta(m.shape, a)
+                         for m, a in zip(metas, dec.in_attrs))
+    plans = []
+    for t, m, want in zip(inputs, metas, dec.in_attrs):
+        if m is None or want is None or m.dist_attr == want:
+            plans.append(None)
+        else:
+            itemsize = np.dtype(t.dtype).itemsize
+            plans.append(plan_reshard(m.shape, itemsize, mesh, m.dist_attr, mesh, want))
+    dec.plans = tuple(plans)
+    coord = coord_of(mesh)
+    dec.ctx = DistKernelCtx(dec.in_metas, mesh, coord) if op.needs_ctx and coord else None
+    dec.local_attrs = attrs
+    if op.local_attrs is not None and coord is not None and dec.out_metas is not None:
+        dec.local_attrs = op.local_attrs(attrs, dec.in_metas, dec.out_metas, coord)
+    dec.keep = key  # keeps the objects whose ids are in the key alive
+    return dec
+
+
+def _decision(op: OpDef, inputs: tuple, attrs: dict) -> tuple[_Decision, ProcessMesh]:
+    mesh = _mesh_of(op, inputs)
+    parts = []
+    for t in inputs:
+        if t is None:
+            parts.append(None)
+        else:
+            v = t._value
+            parts.append((v.shape, id(v.dist_attr)) if type(v) is DistTensor else v.shape)
+    try:
+        akey = tuple(attrs.items())
+        hash(akey)
+    except TypeError:
+        akey = _freeze(attrs)
+    key = (op.name, id(mesh), tuple(parts), akey)
+    dec = _DECISIONS.get(key)
+    if dec is None:
+        dec = _decide(op, inputs, attrs, mesh, (mesh, [t._value.dist_attr for t in inputs
+                                                      if t is not None and t.is_dist()]))
+        _DECISIONS[key] = dec
+    return dec, mesh
+
+
+def _local_inputs(dec: _Decision, inputs: tuple, mesh: ProcessMesh):
+    """Each input's local DenseTensor in its required layout (resharded into a temporary)."""
+    locals_ = []
+    for t, plan, want in zip(inputs, dec.plans, dec.in_attrs):
+        if t is None:
+            locals_.append(None)
+            continue
+        v = t._value if t.is_dist() else _replicated_value(t, mesh)
+        if plan is None:
+            locals_.append(v.local)
+        else:
+            locals_.append(DenseTensor(execute(plan, v.local.array, v.dtype)))
+    return locals_
+
+
+def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh, coord):
+    """Reshard, run the kernel, write back mutated inputs; returns (outputs, local inputs)."""
+    locs = _local_inputs(dec, inputs, mesh)
+    arrays = [None if d is None else d.array for d in locs]
+    first = next(a for a in arrays if a is not None)
+    xp = np if isinstance(first, np.ndarray) else __import__("cupy")
+    if op.needs_ctx:
+        res = op.kernel(xp, *arrays, ctx=dec.ctx, **dec.local_attrs)
+    else:
+        res = op.kernel(xp, *arrays, **dec.local_attrs)
+    res = (res,) if op.n_out == 1 else tuple(res)
+    for i in op.mutates:
+        _write_back(inputs[i], locs[i], dec.in_attrs[i], mesh)
+    out_metas = dec.out_metas
+    if out_metas is None:  # fallback: everything replicated
+        out_metas = tuple(TensorMeta(np.shape(r), DistAttr.replicated(np.ndim(r), mesh.shape))
+                          for r in res)
+    views = dict((o, i) for i, o in op.view)
+    outs = []
+    for slot, (arr, meta) in enumerate(zip(res, out_metas)):
+        if isinstance(arr, np.generic):
+            arr = np.asarray(arr)
+        holder = None
+        src = views.get(slot)
+        if src is not None and (not isinstance(arr, np.ndarray)
+                                or np.may_share_memory(arr, locs[src].array)):
+            holder = locs[src].holder
+        t = Tensor(DistTensor(DenseTensor(arr, holder), mesh, meta.dist_attr, meta.shape))
+        t._is_view = holder is not None
+        outs.append(t)
+    return outs
+
+
+def _write_back(t: Tensor, local: DenseTensor, attr: DistAttr, mesh: ProcessMesh) -> None:
+    """After a kernel wrote into ``local`` (``t``'s piece, possibly a resharded temporary),
+    make ``t`` hold the new value in its own layout and bump its version."""
+    v = t._value if t.is_dist() else None
+    own = v.local if v is not None else t._value
+    if local is not own:
+        local.holder.version += 1
+        if v is not None:
+            src = DistTensor(local, mesh, attr, v.shape)
+            own.array[...] = reshard_value(src, mesh, v.dist_attr).local.array
+        else:
+            rep = reshard_value(DistTensor(local, mesh, attr, tuple(own.array.shape)), mesh,
+                                DistAttr.replicated(own.array.ndim, mesh.shape))
+            own.array[...] = rep.local.array
+    own.holder.version += 1
+
+
+def _empty_outputs(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh):
+    """Outputs on a rank outside the mesh: right global shapes and layouts, empty pieces."""
+    like = next(t for t in inputs if t is not None)._local_array()
+    metas = dec.out_metas or ()
+    return [Tensor(DistTensor(DenseTensor(empty_piece(m.shape, like.dtype, like)), mesh,
+                              m.dist_attr, m.shape)) for m in metas]
+
+
+def dist_apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
+    """Run ``op`` with at least one distributed input (see the module docstring)."""
+    dec, mesh = _decision(op, inputs, attrs)
+    coord = coord_of(mesh)
+    outs = _run(op, dec, inputs, mesh, coord) if coord is not None else \
+        _empty_outputs(op, dec, inputs, mesh)
+    if _GradMode.enabled and op.backward is not None:
+        for t in inputs:
+            if t is not None and not t.stop_gradient:
+                record(op, attrs, inputs, outs)
+                break
+    return outs[0] if op.n_out == 1 else tuple(outs)
+
+
+def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
+    """The inplace variant on distributed tensors: the target keeps its layout and identity."""
+    ti, to = op.inplace
+    x = inputs[ti]
+    dec, mesh = _decision(op, inputs, attrs)
+    out_meta = dec.out_metas[to] if dec.out_metas is not None else None
+    if out_meta is not None and tuple(out_meta.shape) != tuple(x.shape):
+        raise ValueError(f"{op.name}_: the result shape {list(out_meta.shape)} differs from the "
+                         f"shape {x.shape} of the tensor modified inplace (placements "
+                         f"{[None if t is None else t.placements for t in inputs]})")
+    needs_grad = _GradMode.enabled and op.backward is not None and any(
+        t is not None and not t.stop_gradient for t in inputs)
+    if needs_grad and x._is_view:
+        raise ValueError(f"{op.name}_: inplace update of a view that needs grad is not supported")
+    node = record(op, attrs, inputs, [None] * len(dec.out_metas or (None,))) if needs_grad \
+        else None
+    if coord_of(mesh) is not None:
+        outs = _run(op, dec, inputs, mesh, coord_of(mesh))
+        res = outs[to]._value
+        if x.is_dist():
+            xv = x._value
+            new = reshard_value(res, xv.mesh, xv.dist_attr)
+            xv.local.array[...] = new.local.array
+        else:
+            rep = reshard_value(res, mesh, DistAttr.replicated(x.ndim, mesh.shape))
+            x._value.array[...] = rep.local.array
+    commit_inplace(op, x, node)
+    return x
+
+
+def grad_to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
+    """A gradient in its leaf's layout: the leaf's mesh and placements (a Partial gradient of a
+    replicated weight becomes an all-reduce — data-parallel gradient sync), or dense for a
+    dense leaf."""
+    if leaf.is_dist():
+        lv = leaf._value
+        gv = g._value if g.is_dist() else _replicated_value(g, lv.mesh)
+        out = Tensor(reshard_value(gv, lv.mesh, lv.dist_attr))
+    else:
+        gv = g._value
+        rep = reshard_value(gv, gv.mesh, DistAttr.replicated(len(gv.shape), gv.mesh.shape))
+        out = Tensor(DenseTensor(rep.local.array))
+    if out.dtype != leaf.dtype:
+        from ..ops import cast
+
+        out = cast(out, leaf.dtype)
+    return out
+
+
+def coverage_report() -> dict[str, list[str]]:
+    """Which registered ops have a real SPMD rule and which use the replicated fallback."""
+    from spmd_rules import rule_coverage
+
+    from ..ops.registry import OPS
+
+    return rule_coverage({name: op.rule for name, op in OPS.items()})

@@ -1,0 +1,55 @@
+"""DistTensor: a global shape, a ProcessMesh, a layout (DistAttr) and this rank's local piece."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spmd_rules import DistAttr, ProcessMesh, local_shape
+
+from ..tensor import DenseTensor
+from .mesh_groups import coord_of
+
+
+class DistTensor:
+    """This rank's piece (``local``, a DenseTensor) of a tensor of global ``shape`` laid out on
+    ``mesh`` as ``dist_attr``. A rank outside the mesh holds an empty piece."""
+
+    __slots__ = ("local", "mesh", "dist_attr", "shape")
+
+    def __init__(self, local: DenseTensor, mesh: ProcessMesh, dist_attr: DistAttr,
+                 shape: tuple[int, ...]):
+        self.local = local
+        self.mesh = mesh
+        self.dist_attr = dist_attr
+        self.shape = tuple(shape)
+
+    @property
+    def dtype(self):
+        return self.local.array.dtype
+
+    @property
+    def placements(self) -> list:
+        return self.dist_attr.to_placements()
+
+    @property
+    def coord(self) -> tuple[int, ...] | None:
+        return coord_of(self.mesh)
+
+    def __repr__(self) -> str:
+        return (f"DistTensor(shape={list(self.shape)}, mesh={self.mesh}, "
+                f"placements={self.placements}, local_shape={list(self.local.array.shape)})")
+
+
+def expected_local_shape(shape, mesh: ProcessMesh, dist_attr: DistAttr) -> tuple[int, ...]:
+    """The local shape on the current rank (zeros in every dim for non-members)."""
+    coord = coord_of(mesh)
+    if coord is None:
+        return (0,) * len(shape)
+    return local_shape(shape, dist_attr, coord)
+
+
+def empty_piece(shape, dtype, like: Any = None):
+    """The empty local value of a rank outside the mesh."""
+    xp = np if like is None or isinstance(like, np.ndarray) else __import__("cupy")
+    return xp.zeros((0,) * len(shape), dtype=dtype)
