@@ -153,9 +153,15 @@ def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], 
         array_module(arr).ascontiguousarray(arr[local_slices(arr.shape, attr, coord)])
     if local is arr:
         local = local.copy()
-    out = Tensor(_make(local, mesh, attr, arr.shape))
     sg = src.stop_gradient if stop_gradient is None else bool(stop_gradient)
-    out.name, out.persistable = src.name, src.persistable
+    from ..nn.layer import Parameter
+
+    if isinstance(src, Parameter):  # a sharded parameter is still a parameter (a leaf)
+        out = Parameter(_make(local, mesh, attr, arr.shape), name=src.name, trainable=not sg)
+        out.optimize_attr = dict(src.optimize_attr)
+    else:
+        out = Tensor(_make(local, mesh, attr, arr.shape))
+        out.name, out.persistable = src.name, src.persistable
     if src._node is not None and not src.stop_gradient and _GradMode.enabled:
         record(_SHARD, {}, (src,), (out,))
     out.stop_gradient = sg
@@ -278,3 +284,23 @@ def _global_numpy(x: Tensor) -> np.ndarray:
     arr = rep.local.array
     out = arr if isinstance(arr, np.ndarray) else arr.get()
     return out.copy() if rep is v else out
+
+
+def shard_layer(layer, process_mesh: ProcessMesh, shard_fn=None):
+    """Distribute ``layer``'s parameters and buffers in place (Paddle's ``shard_layer``).
+
+    ``shard_fn(name, sublayer, process_mesh)`` is called for every sublayer (the layer itself
+    included, name "" ) and may replace its parameters with ``shard_tensor(...)`` results;
+    whatever is still dense afterwards is replicated on ``process_mesh``."""
+    for name, sub in layer.named_sublayers(include_self=True):
+        if shard_fn is not None:
+            shard_fn(name, sub, process_mesh)
+        for pname, p in list(sub._parameters.items()):
+            if p is not None and not p.is_dist():
+                setattr(sub, pname, shard_tensor(p, process_mesh,
+                                                 [Replicate()] * len(process_mesh.shape)))
+        for bname, b in list(sub._buffers.items()):
+            if b is not None and not b.is_dist():
+                setattr(sub, bname, shard_tensor(b, process_mesh,
+                                                 [Replicate()] * len(process_mesh.shape)))
+    return layer
