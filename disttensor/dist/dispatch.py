@@ -132,7 +132,8 @@ def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _D
             plans.append(None)
         else:
             itemsize = np.dtype(t.dtype).itemsize
-            plans.append(plan_reshard(m.shape, itemsize, mesh, m.dist_attr, mesh, want))
+            plan = plan_reshard(m.shape, itemsize, mesh, m.dist_attr, mesh, want)
+            plans.append(plan if plan.steps else None)  # e.g. only size-1 mesh dims change
     dec.plans = tuple(plans)
     coord = coord_of(mesh)
     dec.ctx = DistKernelCtx(dec.in_metas, mesh, coord) if op.needs_ctx and coord else None
