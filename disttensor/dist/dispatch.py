@@ -65,7 +65,7 @@ class _Decision:
     """Everything about one (op, input layouts, shapes, attrs) that does not depend on data."""
 
     __slots__ = ("in_attrs", "in_metas", "out_metas", "plans", "local_attrs", "fallback", "ctx",
-                 "keep")
+                 "coord", "views", "keep")
 
 
 _DECISIONS: dict = {}
@@ -90,7 +90,7 @@ def _mesh_of(op: OpDef, inputs: tuple) -> ProcessMesh:
             m = t._value.mesh
             if mesh is None:
                 mesh = m
-            elif m != mesh:
+            elif m is not mesh and m != mesh:
                 raise ValueError(
                     f"{op.name}: inputs live on different meshes {mesh} and {m}; reshard them "
                     "onto one mesh first (placements "
@@ -135,7 +135,8 @@ def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _D
             plan = plan_reshard(m.shape, itemsize, mesh, m.dist_attr, mesh, want)
             plans.append(plan if plan.steps else None)  # e.g. only size-1 mesh dims change
     dec.plans = tuple(plans)
-    coord = coord_of(mesh)
+    coord = dec.coord = coord_of(mesh)
+    dec.views = {o: i for i, o in op.view}
     dec.ctx = DistKernelCtx(dec.in_metas, mesh, coord) if op.needs_ctx and coord else None
     dec.local_attrs = attrs
     if op.local_attrs is not None and coord is not None and dec.out_metas is not None:
@@ -158,7 +159,7 @@ def _decision(op: OpDef, inputs: tuple, attrs: dict) -> tuple[_Decision, Process
         hash(akey)
     except TypeError:
         akey = _freeze(attrs)
-    key = (op.name, id(mesh), tuple(parts), akey)
+    key = (op, id(mesh), tuple(parts), akey)
     dec = _DECISIONS.get(key)
     if dec is None:
         dec = _decide(op, inputs, attrs, mesh, (mesh, [t._value.dist_attr for t in inputs
@@ -167,50 +168,53 @@ def _decision(op: OpDef, inputs: tuple, attrs: dict) -> tuple[_Decision, Process
     return dec, mesh
 
 
-def _local_inputs(dec: _Decision, inputs: tuple, mesh: ProcessMesh):
+def _local_inputs(dec: _Decision, inputs: tuple):
     """Each input's local DenseTensor in its required layout (resharded into a temporary)."""
-    locals_ = []
-    for t, plan, want in zip(inputs, dec.plans, dec.in_attrs):
+    locs = []
+    for t, plan in zip(inputs, dec.plans):
         if t is None:
-            locals_.append(None)
+            locs.append(None)
             continue
-        v = t._value if t.is_dist() else _replicated_value(t, mesh)
-        if plan is None:
-            locals_.append(v.local)
-        else:
-            locals_.append(DenseTensor(execute(plan, v.local.array, v.dtype)))
-    return locals_
+        v = t._value
+        d = v if type(v) is DenseTensor else v.local  # a dense input is the same on every rank
+        if plan is not None:
+            d = DenseTensor(execute(plan, d.array, d.array.dtype))
+        locs.append(d)
+    return locs
 
 
-def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh, coord):
-    """Reshard, run the kernel, write back mutated inputs; returns (outputs, local inputs)."""
-    locs = _local_inputs(dec, inputs, mesh)
+def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh) -> list[Tensor]:
+    """Reshard, run the kernel, write back mutated inputs, wrap the outputs."""
+    locs = _local_inputs(dec, inputs)
     arrays = [None if d is None else d.array for d in locs]
     first = next(a for a in arrays if a is not None)
-    xp = np if isinstance(first, np.ndarray) else __import__("cupy")
+    xp = np if type(first) is np.ndarray else __import__("cupy")
     if op.needs_ctx:
         res = op.kernel(xp, *arrays, ctx=dec.ctx, **dec.local_attrs)
     else:
         res = op.kernel(xp, *arrays, **dec.local_attrs)
-    res = (res,) if op.n_out == 1 else tuple(res)
+    if op.n_out == 1:
+        res = (res,)
     for i in op.mutates:
         _write_back(inputs[i], locs[i], dec.in_attrs[i], mesh)
     out_metas = dec.out_metas
     if out_metas is None:  # fallback: everything replicated
         out_metas = tuple(TensorMeta(np.shape(r), DistAttr.replicated(np.ndim(r), mesh.shape))
                           for r in res)
-    views = dict((o, i) for i, o in op.view)
+    views = dec.views
     outs = []
-    for slot, (arr, meta) in enumerate(zip(res, out_metas)):
-        if isinstance(arr, np.generic):
+    for slot, arr in enumerate(res):
+        meta = out_metas[slot]
+        if type(arr) is not np.ndarray and isinstance(arr, np.generic):
             arr = np.asarray(arr)
-        holder = None
-        src = views.get(slot)
-        if src is not None and (not isinstance(arr, np.ndarray)
+        src = views.get(slot) if views else None
+        if src is not None and (type(arr) is not np.ndarray
                                 or np.may_share_memory(arr, locs[src].array)):
-            holder = locs[src].holder
-        t = Tensor(DistTensor(DenseTensor(arr, holder), mesh, meta.dist_attr, meta.shape))
-        t._is_view = holder is not None
+            t = Tensor(DistTensor(DenseTensor(arr, locs[src].holder), mesh, meta.dist_attr,
+                                  meta.shape))
+            t._is_view = True
+        else:
+            t = Tensor(DistTensor(DenseTensor(arr), mesh, meta.dist_attr, meta.shape))
         outs.append(t)
     return outs
 
@@ -243,8 +247,7 @@ def _empty_outputs(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh):
 def dist_apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     """Run ``op`` with at least one distributed input (see the module docstring)."""
     dec, mesh = _decision(op, inputs, attrs)
-    coord = coord_of(mesh)
-    outs = _run(op, dec, inputs, mesh, coord) if coord is not None else \
+    outs = _run(op, dec, inputs, mesh) if dec.coord is not None else \
         _empty_outputs(op, dec, inputs, mesh)
     if _GradMode.enabled and op.backward is not None:
         for t in inputs:
@@ -270,8 +273,8 @@ def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
         raise ValueError(f"{op.name}_: inplace update of a view that needs grad is not supported")
     node = record(op, attrs, inputs, [None] * len(dec.out_metas or (None,))) if needs_grad \
         else None
-    if coord_of(mesh) is not None:
-        outs = _run(op, dec, inputs, mesh, coord_of(mesh))
+    if dec.coord is not None:
+        outs = _run(op, dec, inputs, mesh)
         res = outs[to]._value
         if x.is_dist():
             xv = x._value

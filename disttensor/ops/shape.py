@@ -3,6 +3,7 @@ squeeze, unsqueeze, transpose, basic slicing, split/chunk, detach. Copies: expan
 stack. Inplace: ``__setitem__``."""
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,7 +34,7 @@ def _target_shape(op: str, shape: Any, x_shape: Sequence[int]) -> tuple[int, ...
     if isinstance(shape, (int, np.integer)):
         shape = [shape]
     shape = [int(s.item()) if isinstance(s, Tensor) else int(s) for s in shape]
-    total = int(np.prod(x_shape, dtype=np.int64))
+    total = math.prod(x_shape)
     out = []
     for i, s in enumerate(shape):
         if s == 0:
@@ -44,17 +45,17 @@ def _target_shape(op: str, shape: Any, x_shape: Sequence[int]) -> tuple[int, ...
         elif s < -1:
             raise ValueError(f"{op}: shape {shape} has a negative entry {s}")
         out.append(s)
-    if out.count(-1) > 1:
-        raise ValueError(f"{op}: shape {shape} has more than one -1")
     if -1 in out:
-        known = int(np.prod([s for s in out if s != -1], dtype=np.int64))
+        if out.count(-1) > 1:
+            raise ValueError(f"{op}: shape {shape} has more than one -1")
+        known = -math.prod(out)
         if known == 0 or total % known:
             raise ValueError(f"{op}: cannot reshape x of shape {list(x_shape)} ({total} elements) "
                              f"to {shape}")
         out[out.index(-1)] = total // known
-    if int(np.prod(out, dtype=np.int64)) != total:
+    elif math.prod(out) != total:
         raise ValueError(f"{op}: cannot reshape x of shape {list(x_shape)} ({total} elements) to "
-                         f"{shape} ({int(np.prod(out, dtype=np.int64))} elements)")
+                         f"{shape} ({math.prod(out)} elements)")
     return tuple(out)
 
 
@@ -207,6 +208,21 @@ def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
     return apply_inplace(OPS["set_value"], (x, value), {"index": index})
 
 
+def zero_(x: Tensor, name: str | None = None) -> Tensor:
+    """Set every element of ``x`` to 0 inplace (NaN/inf included) and return x."""
+    return setitem(x, Ellipsis, 0)
+
+
+def fill_(x: Tensor, value: Any, name: str | None = None) -> Tensor:
+    """Set every element of ``x`` to ``value`` inplace and return x."""
+    return setitem(x, Ellipsis, value)
+
+
+def copy_(x: Tensor, src: Any, blocking: bool = True) -> Tensor:
+    """Copy ``src`` (broadcast to x's shape) into ``x`` inplace and return x."""
+    return setitem(x, Ellipsis, src)
+
+
 # -- split / concat / stack ------------------------------------------------------------------
 
 def _split_kernel(xp, x, sections, axis):
@@ -228,7 +244,7 @@ def _split_bwd(node, *gs):
     return concat(parts, axis)
 
 
-register("split", backward=_split_bwd, rule="split", n_out=-1, view=_VIEW)(_split_kernel)
+register("split", backward=_split_bwd, rule="split", n_out=-1, view=((0, -1),))(_split_kernel)
 
 
 def split(x: Tensor, num_or_sections: Any, axis: int = 0, name: str | None = None) -> list[Tensor]:
@@ -325,6 +341,9 @@ def expand(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     if lead < 0:
         raise ValueError(f"expand: shape {shape} has fewer dims than x {x.shape}")
     shape = [x.shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(shape)]
+    if any(s < 0 for s in shape):
+        raise ValueError(f"expand: shape {shape} has a negative size (-1 only keeps an existing "
+                         f"dim of x {x.shape})")
     for i, n in enumerate(x.shape):
         if n != 1 and n != shape[lead + i]:
             raise ValueError(f"expand: x of shape {x.shape} cannot be broadcast to {shape}")
