@@ -30,7 +30,7 @@ from ..autograd import _GradMode, record
 from ..ops.registry import KernelCtx, OpDef, commit_inplace
 from ..tensor import DenseTensor, Tensor
 from .api import _replicated_value, reshard_value
-from .dist_tensor import DistTensor, empty_piece
+from .dist_tensor import DistTensor, canonical, empty_piece
 from .mesh_groups import coord_of, group_over
 from .reshard import execute, plan_reshard
 
@@ -123,7 +123,8 @@ def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _D
         dec.out_metas = None
     else:
         res = get_rule(op.rule)(tuple(metas), rule_attrs)
-        dec.in_attrs, dec.out_metas = res.inputs, res.outputs
+        dec.in_attrs = res.inputs
+        dec.out_metas = tuple(TensorMeta(m.shape, canonical(m.dist_attr)) for m in res.outputs)
     dec.in_metas = tuple(None if m is None else TensorMeta(m.shape, a)
                          for m, a in zip(metas, dec.in_attrs))
     plans = []

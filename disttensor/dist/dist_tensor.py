@@ -11,6 +11,20 @@ from ..tensor import DenseTensor
 from .mesh_groups import coord_of
 
 
+_CANON: dict = {}        # DistAttr -> its canonical instance (kept alive here)
+_CANON_IDS: set = set()  # ids of the canonical instances
+
+
+def canonical(attr: DistAttr) -> DistAttr:
+    """The one shared instance equal to ``attr``: equal layouts are the same object, so the
+    dispatcher's decision cache can key on identity instead of hashing layouts per call."""
+    if id(attr) in _CANON_IDS:
+        return attr
+    c = _CANON.setdefault(attr, attr)
+    _CANON_IDS.add(id(c))
+    return c
+
+
 class DistTensor:
     """This rank's piece (``local``, a DenseTensor) of a tensor of global ``shape`` laid out on
     ``mesh`` as ``dist_attr``. A rank outside the mesh holds an empty piece."""
@@ -21,7 +35,7 @@ class DistTensor:
                  shape: tuple[int, ...]):
         self.local = local
         self.mesh = mesh
-        self.dist_attr = dist_attr
+        self.dist_attr = dist_attr if id(dist_attr) in _CANON_IDS else canonical(dist_attr)
         self.shape = tuple(shape)
 
     @property
