@@ -7,5 +7,19 @@ from .dtype import bool_, float16, float32, float64, int32, int64
 from .ops import *  # noqa: F401,F403
 from .ops import OPS
 from .tensor import Tensor, is_tensor, to_tensor
+from . import nn, optimizer  # noqa: E402
+from .nn.layer import ParamAttr, create_parameter  # noqa: E402
+from spmd_rules import Partial, ProcessMesh, ReduceType, Replicate, Shard
+from .dist import (coverage_report, dtensor_from_local, dtensor_to_local, get_rank,
+                   get_world_size, reshard, reshard_plan, shard_layer, shard_tensor,
+                   unshard_dtensor)
+from .dist import visualize_sharding
+
+
+def init_parallel_env() -> None:
+    """Start the process group (MPI when launched by mpiexec, else a single process)."""
+    import collectives
+
+    collectives.init()
 
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@ tensors, follow SPMD rules) like the forward.
 from __future__ import annotations
 
 import contextlib
+import weakref
 import functools
 from typing import Any, Callable, Iterable, Sequence
 
@@ -82,7 +83,8 @@ class GradNode:
             self.saved.append(None)
             return
         dense = t._local_dense()
-        self.saved.append((t._value, dense.holder, dense.holder.version, t))
+        # a weak reference: an output saving itself must not make a reference cycle
+        self.saved.append((t._value, dense.holder, dense.holder.version, weakref.ref(t)))
 
     def saved_tensor(self, i: int) -> Tensor | None:
         """The i-th saved value as a fresh Tensor, after checking its buffer was not modified."""
@@ -96,8 +98,10 @@ class GradNode:
             return None
         value, holder, version, src = entry
         if holder.version != version:
+            src = src()
+            label = src._label() if src is not None else "(freed)"
             raise RuntimeError(
-                f"backward of {self.op.name}: tensor '{src._label()}' saved for backward was "
+                f"backward of {self.op.name}: tensor '{label}' saved for backward was "
                 f"modified by an inplace operation: its inplace version is {holder.version}, "
                 f"expected version {version}")
         return Tensor(value, stop_gradient=True)
@@ -116,15 +120,29 @@ def _edge(t: Tensor | None):
 
 def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> GradNode:
     """Attach a new grad node for ``op`` to ``outputs`` (called by the dispatcher)."""
-    node = GradNode(op, attrs, tuple(_edge(t) for t in inputs),
-                    tuple(None if t is None else t._value.shape for t in inputs), len(outputs))
+    edges = []
+    shapes = []
+    for t in inputs:  # inlines _edge (this runs for every recorded op)
+        if t is None:
+            edges.append(None)
+            shapes.append(None)
+            continue
+        shapes.append(t._value.shape)
+        if t.stop_gradient:
+            edges.append(None)
+        elif t._node is None:
+            edges.append(t)
+        else:
+            edges.append((t._node, t._slot))
+    node = GradNode(op, attrs, tuple(edges), tuple(shapes), len(outputs))
     for i in op.save_inputs:
         node.save(inputs[i])
     for i in op.save_outputs:
         if outputs[i] is not None:
             node.save(outputs[i])
+    nondiff = op.nondiff_outputs
     for slot, out in enumerate(outputs):
-        if out is not None and slot not in op.nondiff_outputs:
+        if out is not None and slot not in nondiff:
             out._node = node
             out._slot = slot
             out.stop_gradient = False

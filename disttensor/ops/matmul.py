@@ -16,7 +16,7 @@ def _matmul_kernel(xp, x, y, transpose_x=False, transpose_y=False):
 
 
 def _matmul_bwd(node, g):
-    from .shape import reshape
+    from .shape import reshape_to as reshape
 
     x, y = node.saved_tensor(0), node.saved_tensor(1)
     tx = node.attrs["transpose_x"] and x.ndim > 1
@@ -42,20 +42,22 @@ def _matmul_bwd(node, g):
 
 
 register("matmul", backward=_matmul_bwd, rule="matmul", save_inputs=(0, 1))(_matmul_kernel)
+_MATMUL = OPS["matmul"]
 
 
 def matmul(x: Tensor, y: Tensor, transpose_x: bool = False, transpose_y: bool = False,
            name: str | None = None) -> Tensor:
     """``x @ y`` (numpy matmul semantics) with the last two axes of x / y optionally swapped."""
     x, y = as_tensor(x), as_tensor(y)
-    xs, ys = list(x.shape), list(y.shape)
+    xs, ys = x._value.shape, y._value.shape  # global shapes, as tuples (cheaper than .shape)
     if not xs or not ys:
-        raise ValueError(f"matmul: operands must have at least 1 dim, got x {xs} and y {ys}")
-    tx, ty = bool(transpose_x) and len(xs) > 1, bool(transpose_y) and len(ys) > 1
-    k_x = xs[-2] if tx else xs[-1]
-    k_y = ys[-1] if ty else (ys[-2] if len(ys) > 1 else ys[0])
+        raise ValueError(f"matmul: operands must have at least 1 dim, got x {list(xs)} and y "
+                         f"{list(ys)}")
+    tx, ty = bool(transpose_x), bool(transpose_y)
+    k_x = xs[-2] if tx and len(xs) > 1 else xs[-1]
+    k_y = ys[-1] if ty and len(ys) > 1 else (ys[-2] if len(ys) > 1 else ys[0])
     if k_x != k_y:
-        raise ValueError(f"matmul: contracted dims differ: x {xs} (transpose_x={transpose_x}) "
-                         f"has {k_x}, y {ys} (transpose_y={transpose_y}) has {k_y}")
-    return apply(OPS["matmul"], (x, y), {"transpose_x": bool(transpose_x),
-                                          "transpose_y": bool(transpose_y)})
+        raise ValueError(f"matmul: contracted dims differ: x {list(xs)} (transpose_x="
+                         f"{transpose_x}) has {k_x}, y {list(ys)} (transpose_y={transpose_y}) "
+                         f"has {k_y}")
+    return apply(_MATMUL, (x, y), {"transpose_x": tx, "transpose_y": ty})

@@ -8,7 +8,8 @@ An :class:`OpDef` names everything the runtime needs to know about an op:
   ops so it dispatches like the forward; ``node.saved_tensor(i)`` gives the values listed in
   ``save_inputs`` then ``save_outputs``; ``node.attrs`` and ``node.in_shapes`` are at hand;
 * ``rule`` — the name of its SPMD rule in :mod:`spmd_rules` (``"replicated"`` = the fallback);
-* ``view`` — ``(input, output)`` pairs whose output shares the input's buffer and version counter;
+* ``view`` — ``(input, output)`` pairs whose output shares the input's buffer and version counter
+  (output ``-1``: every output, for ops with a variable output count like ``split``);
 * ``inplace`` — the ``(input, output)`` pair of the ``op_`` variant: the output is written into
   the input, which is returned itself with its version bumped.
 
@@ -107,16 +108,21 @@ def _xp(arr):
 def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     """Run ``op`` on ``inputs`` (Tensors or None) with keyword ``attrs``; returns Tensor(s)."""
     arrays = []
+    first = None
     for t in inputs:
         if t is None:
             arrays.append(None)
-        elif type(t._value) is DenseTensor:
-            arrays.append(t._value.array)
-        else:
+            continue
+        v = t._value
+        if type(v) is not DenseTensor:
             from ..dist.dispatch import dist_apply
 
             return dist_apply(op, inputs, attrs)
-    first = next(a for a in arrays if a is not None)
+        if first is None:
+            first = v.array
+        arrays.append(v.array)
+    if first is None:
+        raise ValueError(f"{op.name}: every input is None")
     xp = np if type(first) is np.ndarray else _xp(first)
     if op.needs_ctx:
         res = op.kernel(xp, *arrays, ctx=DENSE_CTX, **attrs)
@@ -125,7 +131,9 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     for i in op.mutates:
         inputs[i]._value.holder.version += 1
     if op.n_out == 1:
-        outs = (_wrap(res, op, 0, inputs),)
+        # fast path: a new (non-view) numpy result needs no checks
+        outs = (Tensor(DenseTensor(res)) if type(res) is np.ndarray and not op.view
+                else _wrap(res, op, 0, inputs),)
     else:
         outs = tuple(_wrap(r, op, i, inputs) for i, r in enumerate(res))
     if _GradMode.enabled and op.backward is not None:
@@ -140,7 +148,7 @@ def _wrap(arr, op: OpDef, slot: int, inputs: tuple) -> Tensor:
     if isinstance(arr, np.generic):  # numpy reductions to 0-d give scalars
         arr = np.asarray(arr)
     for i, o in op.view:
-        if o == slot:
+        if o == slot or o == -1:
             src = inputs[i]._value
             if np.may_share_memory(arr, src.array) if type(arr) is np.ndarray else True:
                 t = Tensor(DenseTensor(arr, src.holder))
