@@ -1,0 +1,58 @@
+"""Matrix product with numpy matmul semantics (rule ``matmul``)."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, register_rule, require
+from .einsum import broadcast_notations, contracted_partial, layout, linear_partial, merge_shardings
+
+__all__ = ["matmul"]
+
+
+@register_rule("matmul")
+def matmul(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x, y), attrs transpose_x / transpose_y (ignored for 1-d operands).
+
+    Notation ``...mk, ...kn -> ...mn`` with broadcast batch dims (size-1 broadcast batch dims
+    replicated) and numpy's 1-d promotion (a 1-d x has no m, a 1-d y no n). Shardings of m, k,
+    n and batch axes merge across x and y (x first); mesh dims sharding k make the output
+    Partial(sum). If exactly one input is Partial (sum/avg) and the other is not partial, the
+    partial is kept (linearity); otherwise partial inputs are resolved.
+    """
+    op = op_name(attrs, "matmul")
+    require(metas, op, 2)
+    x, y = metas
+    mesh = mesh_shape_of(op, metas)
+    tx, ty = bool(attrs.get("transpose_x", False)), bool(attrs.get("transpose_y", False))
+    if x.ndim == 0 or y.ndim == 0:
+        raise ValueError(f"{op}: operands must have at least 1 dim, got x {x.shape}, y {y.shape}")
+    if x.ndim == 1:
+        x_tail, m = ["k"], None
+    else:
+        x_tail = ["k", "m"] if tx else ["m", "k"]
+        m = x.shape[-1] if tx else x.shape[-2]
+    if y.ndim == 1:
+        y_tail, n = ["k"], None
+    else:
+        y_tail = ["n", "k"] if ty else ["k", "n"]
+        n = y.shape[-2] if ty else y.shape[-1]
+    xk = x.shape[x_tail.index("k") - len(x_tail)]
+    yk = y.shape[y_tail.index("k") - len(y_tail)]
+    if xk != yk:
+        raise ValueError(f"{op}: contracted sizes differ: x {x.shape} (transpose_x={tx}) and "
+                         f"y {y.shape} (transpose_y={ty}) give {xk} vs {yk}")
+    batch, (xb, yb) = broadcast_notations(op, [x.shape[:-len(x_tail)], y.shape[:-len(y_tail)]],
+                                          ["x batch", "y batch"])
+    x_not, y_not = xb + x_tail, yb + y_tail
+    out_not = list(range(len(batch))) + (["m"] if m is not None else []) + (["n"] if n is not None else [])
+    out_shape = batch + tuple(s for s in (m, n) if s is not None)
+
+    xa, ya = x.dist_attr, y.dist_attr
+    x_keep = xa.partial if linear_partial(xa) and not ya.is_partial() else ()
+    y_keep = ya.partial if linear_partial(ya) and not xa.is_partial() else ()
+    exclude = {md for md, _ in x_keep + y_keep}
+    merged = merge_shardings([x_not, y_not], [xa, ya], exclude)
+    out = layout(out_not, merged, mesh, list(x_keep + y_keep) + contracted_partial(merged, out_not))
+    return SpmdResult((layout(x_not, merged, mesh, x_keep), layout(y_not, merged, mesh, y_keep)),
+                      (TensorMeta(out_shape, out),))

@@ -1,0 +1,88 @@
+"""Placements: how one mesh dimension lays out a tensor (Shard / Replicate / Partial)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES"]
+
+
+class ReduceType(str, Enum):
+    """How the pending values of a Partial placement combine (compares equal to the plain string)."""
+
+    SUM = "sum"
+    AVG = "avg"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+    # Paddle-style aliases (same members).
+    kRedSum = "sum"
+    kRedAvg = "avg"
+    kRedMax = "max"
+    kRedMin = "min"
+    kRedProd = "prod"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Reduce types under which a pending value is a linear combination of the pieces, so that
+#: linear ops (add, scale, matmul by a non-partial operand, sum, reshape...) commute with it.
+LINEAR_REDUCE_TYPES = frozenset({ReduceType.SUM, ReduceType.AVG})
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Base class of the three placements."""
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicated(self) -> bool:
+        return False
+
+    def is_partial(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Shard(Placement):
+    """The mesh dim splits tensor dim ``dim`` (numpy.array_split, uneven allowed)."""
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+            raise ValueError(f"Shard(dim): dim must be an int, got {self.dim!r}")
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+
+@dataclass(frozen=True)
+class Replicate(Placement):
+    """Every coordinate of the mesh dim holds the whole tensor (along that mesh dim)."""
+
+    def is_replicated(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, repr=False)
+class Partial(Placement):
+    """Every coordinate holds a pending value; the real value is their reduction by ``reduce_type``."""
+
+    reduce_type: ReduceType = ReduceType.SUM
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "reduce_type", ReduceType(self.reduce_type))
+        except ValueError:
+            raise ValueError(
+                f"Partial(reduce_type): unknown reduce type {self.reduce_type!r}; "
+                f"expected one of {[r.value for r in ReduceType]}") from None
+
+    def is_partial(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Partial({self.reduce_type.value})"

@@ -1,0 +1,137 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from spmd_rules import (DistAttr, Partial, ReduceType, Replicate, Shard, contracted_partial, layout,
+                        merge_shardings)
+from rules_util import meta, run, simulate
+
+S, R, P = Shard, Replicate, Partial
+
+
+def test_merge_first_input_wins_and_mesh_dim_used_once():
+    a = DistAttr((2, 2), ((0,), ()))
+    b = DistAttr((2, 2), ((1,), (0,)))
+    merged = merge_shardings(["mk", "mk"], [a, b])
+    # m: from a (mesh 0); k: b wants mesh 0, already used by m -> dropped
+    assert merged == {"m": (0,)}
+    merged = merge_shardings(["mk", "kn"], [DistAttr((2, 2), ((), (0, 1))), DistAttr((2, 2), ((0,), (1,)))])
+    assert merged == {"k": (0, 1)}
+    assert layout("kn", merged, (2, 2)).dims_mapping == ((0, 1), ())
+    assert contracted_partial(merged, "mn") == [(0, ReduceType.SUM), (1, ReduceType.SUM)]
+    assert merge_shardings(["ab"], [DistAttr((2,), ((0,), ()))], exclude={0}) == {}
+
+
+def test_replicated_first_does_not_block_later_sharding():
+    x, y = meta((4, 6), [R()]), meta((4, 6), [S(1)])
+    r = run("elementwise", x, y)
+    assert r.inputs[0].dims_mapping == ((), (0,)) == r.outputs[0].dist_attr.dims_mapping
+
+
+def test_elementwise_same_shape_conflict():
+    x, y = meta((4, 6), [S(0)]), meta((4, 6), [S(1)])
+    r = run("elementwise", x, y, op="add")
+    assert r.inputs == (x.dist_attr, x.dist_attr)
+    assert r.outputs[0].shape == (4, 6) and r.outputs[0].dist_attr.to_placements() == [S(0)]
+
+
+def test_elementwise_broadcast_dims_replicated():
+    x = meta((4, 1, 6), [S(1), S(2)], mesh=(2, 3))
+    y = meta((5, 6), [S(0), R()], mesh=(2, 3))
+    r = run("elementwise", x, y, op="multiply")
+    assert r.outputs[0].shape == (4, 5, 6)
+    # x's size-1 dim broadcast -> replicated; y's dim 0 (letter of output axis 1) gets mesh 0
+    assert r.inputs[0].dims_mapping == ((), (), (1,))
+    assert r.inputs[1].dims_mapping == ((0,), (1,))
+    assert r.outputs[0].dist_attr.dims_mapping == ((), (0,), (1,))
+
+
+def test_elementwise_2d_mesh_co_shard():
+    x = meta((8, 3), [S(0), S(0)], mesh=(2, 2))
+    y = meta((8, 3), [R(), S(0)], mesh=(2, 2))
+    r = run("elementwise", x, y)
+    assert r.inputs[1].dims_mapping == ((0, 1), ())
+
+
+def test_elementwise_shape_error_names_op():
+    with pytest.raises(ValueError, match=r"add.*\(4, 6\).*\(5, 6\)"):
+        run("elementwise", meta((4, 6), [R()]), meta((5, 6), [R()]), op="add")
+
+
+def test_elementwise_partials():
+    ps, rep = meta((4,), [P()]), meta((4,), [R()])
+    # default: partial resolved
+    r = run("elementwise", ps, rep, op="maximum")
+    assert not r.inputs[0].is_partial() and not r.outputs[0].dist_attr.is_partial()
+    # add: all partial on the same mesh dims -> kept
+    r = run("elementwise", ps, ps, op="add", linear="add")
+    assert r.inputs == (ps.dist_attr, ps.dist_attr) and r.outputs[0].dist_attr.partial == ((0, "sum"),)
+    # add with one non-partial input -> resolved
+    r = run("elementwise", ps, rep, op="add", linear="add")
+    assert not r.outputs[0].dist_attr.is_partial() and not r.inputs[0].is_partial()
+    # add with partial max -> resolved
+    pm = meta((4,), [P("max")])
+    assert not run("elementwise", pm, pm, linear="add").outputs[0].dist_attr.is_partial()
+    # mul: input 0 partial by default; input 1 only when allowed
+    r = run("elementwise", ps, rep, op="divide", linear="mul")
+    assert r.outputs[0].dist_attr.is_partial() and r.inputs[0].is_partial()
+    assert not run("elementwise", rep, ps, op="divide", linear="mul").outputs[0].dist_attr.is_partial()
+    r = run("elementwise", rep, ps, op="multiply", linear="mul", linear_inputs=(0, 1))
+    assert r.outputs[0].dist_attr.is_partial() and r.inputs[1].is_partial()
+    assert not run("elementwise", ps, ps, linear="mul", linear_inputs=(0, 1)).outputs[0].dist_attr.is_partial()
+    # unary
+    assert run("elementwise", ps, op="neg", linear="unary").outputs[0].dist_attr.is_partial()
+    # like: no reshard of the input, output not partial
+    r = run("elementwise", ps, op="zeros_like", linear="like")
+    assert r.inputs[0].is_partial() and not r.outputs[0].dist_attr.is_partial()
+    with pytest.raises(ValueError, match="linear"):
+        run("elementwise", ps, linear="bogus")
+
+
+def test_elementwise_mul_partial_with_sharded_other_on_same_mesh_dim():
+    x = meta((4, 6), [P(), R()], mesh=(2, 2))
+    y = meta((4, 6), [S(0), S(1)], mesh=(2, 2))
+    r = run("elementwise", x, y, linear="mul")
+    # mesh 0 carries x's partial, so y's Shard on mesh 0 is gathered; mesh 1 kept
+    assert r.inputs[0] == DistAttr((2, 2), ((), (1,)), ((0, "sum"),))
+    assert r.inputs[1].dims_mapping == ((), (1,)) and not r.inputs[1].is_partial()
+    assert r.outputs[0].dist_attr == r.inputs[0]
+
+
+def test_where_three_inputs():
+    c, x, y = meta((4, 6), [S(0)]), meta((6,), [S(0)]), meta((4, 1), [R()])
+    r = run("elementwise", c, x, y, op="where")
+    assert r.outputs[0].dist_attr.dims_mapping == ((0,), ())
+    assert r.inputs[1].dims_mapping == ((),)
+
+
+# ---------------------------------------------------------------- property
+
+@st.composite
+def ew_cases(draw):
+    ndim = draw(st.integers(0, 3))
+    out = tuple(draw(st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim)))
+    mesh = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+    linear = draw(st.sampled_from([None, "add", "mul"]))
+    shapes, attrs = [], []
+    for _ in range(2):
+        k = draw(st.integers(0, ndim))
+        shape = tuple(1 if draw(st.booleans()) else s for s in out[ndim - k:])
+        choices = [R(), P()] + [S(d) for d in range(k)]
+        placements = [draw(st.sampled_from(choices)) for _ in mesh]
+        shapes.append(shape)
+        attrs.append(DistAttr.from_placements(placements, k, mesh))
+    return shapes, attrs, linear
+
+
+@settings(max_examples=200, deadline=None)
+@given(ew_cases(), st.randoms())
+def test_elementwise_local_op_gives_global_result(case, rnd):
+    from spmd_rules import TensorMeta
+    shapes, attrs, linear = case
+    fn = {None: np.maximum, "add": np.add, "mul": np.multiply}[linear]
+    metas = [TensorMeta(s, a) for s, a in zip(shapes, attrs)]
+    r = run("elementwise", *metas, linear=linear, linear_inputs=(0, 1))
+    rng = np.random.default_rng(rnd.randint(0, 1000))
+    gs = [rng.integers(-5, 6, size=s).astype(float) for s in shapes]
+    simulate(r, gs, lambda a, b, coord: fn(a, b), fn(*gs), rng)
