@@ -304,7 +304,7 @@ def to_tensor(data: Any, dtype: Any = None, place: str | None = None,
         npd = arr.dtype
     if npd.kind not in "biuf":
         raise TypeError(f"to_tensor: unsupported dtype {npd} of data {type(data).__name__}")
-    arr = xp.ascontiguousarray(arr.astype(npd, copy=True))
+    arr = xp.array(arr, dtype=npd, order="C", copy=True)  # keeps 0-d (ascontiguousarray won't)
     return Tensor(DenseTensor(arr), stop_gradient=stop_gradient)
 
 

@@ -10,19 +10,6 @@ def _rev(f):
     return lambda self, other: f(as_tensor(other, self), self)
 
 
-def _zero_(self: Tensor) -> Tensor:
-    return ops.scale_(self, 0.0)
-
-
-def _fill_(self: Tensor, value) -> Tensor:
-    return ops.scale_(self, 0.0, float(value))
-
-
-def _copy_(self: Tensor, src: Tensor, blocking: bool = True) -> Tensor:
-    ops.setitem(self, (), src)
-    return self
-
-
 _METHODS = {
     "__add__": ops.add, "__radd__": _rev(ops.add), "__sub__": ops.subtract,
     "__rsub__": _rev(ops.subtract), "__mul__": ops.multiply, "__rmul__": _rev(ops.multiply),
@@ -36,14 +23,15 @@ _METHODS = {
     "__itruediv__": ops.divide_,
     "add_": ops.add_, "subtract_": ops.subtract_, "multiply_": ops.multiply_,
     "divide_": ops.divide_, "scale_": ops.scale_, "relu_": ops.relu_, "exp_": ops.exp_,
-    "clip_": ops.clip_, "zero_": _zero_, "fill_": _fill_, "copy_": _copy_,
+    "clip_": ops.clip_, "zero_": ops.zero_, "fill_": ops.fill_, "copy_": ops.copy_,
 }
 for _name in ("add", "subtract", "multiply", "divide", "pow", "maximum", "minimum", "equal",
               "not_equal", "less_than", "less_equal", "greater_than", "greater_equal", "abs",
               "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu",
               "scale", "cast", "clip", "matmul", "sum", "mean", "max", "min", "argmax", "argmin",
               "reshape", "flatten", "squeeze", "unsqueeze", "transpose", "split", "chunk",
-              "expand", "broadcast_to", "tile", "logical_not", "logical_and", "logical_or"):
+              "expand", "broadcast_to", "tile", "logical_not", "logical_and", "logical_or",
+              "gather", "index_select"):
     _METHODS.setdefault(_name, getattr(ops, _name))
 _METHODS["astype"] = ops.cast
 

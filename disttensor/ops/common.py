@@ -17,8 +17,11 @@ def as_tensor(x: Any, like: Any = None) -> Tensor:
     if isinstance(x, (bool, int, float, np.number, np.ndarray, list, tuple)):
         if isinstance(like, Tensor):
             dtype = np.dtype(like.dtype)
-            if isinstance(x, float) and dtype.kind in "iub":
+            kind = np.asarray(x).dtype.kind
+            if kind == "f" and dtype.kind in "iub":
                 dtype = np.dtype(np.float32)
+            elif kind in "iu" and dtype.kind == "b":  # a number never becomes a bool
+                dtype = np.dtype(np.int64)
             arr = like._local_array()
             xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
         else:
@@ -39,13 +42,13 @@ def sum_to_shape(g: Tensor, shape: Sequence[int]) -> Tensor:
     if gshape == shape:
         return g
     from .reduction import sum as _sum
-    from .shape import reshape
+    from .shape import reshape_to
 
     lead = len(gshape) - len(shape)
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1)
     out = _sum(g, axis=list(axes), keepdim=False) if axes else g
-    return reshape(out, list(shape)) if tuple(out.shape) != shape else out
+    return reshape_to(out, shape) if tuple(out.shape) != shape else out
 
 
 def normalize_axis(op: str, axis: int, ndim: int, arg: str = "axis") -> int:

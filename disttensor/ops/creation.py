@@ -32,6 +32,18 @@ def seed(s: int) -> _Generator:
     return default_generator
 
 
+def numel(x: Tensor, name: str | None = None) -> Tensor:
+    """The (global) number of elements of ``x`` as a 0-d int64 tensor on x's device."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"numel: x must be a Tensor, got {type(x).__name__}")
+    arr = np.asarray(x.size, dtype=np.int64)
+    local = x._local_array()
+    if not isinstance(local, np.ndarray):
+        with local.device:
+            arr = __import__("cupy").asarray(arr)
+    return Tensor(DenseTensor(arr))
+
+
 def _shape(op: str, shape: Any) -> tuple[int, ...]:
     if isinstance(shape, Tensor):
         shape = shape.tolist()

@@ -32,11 +32,13 @@ def _mul_bwd(node, g):
 
 
 def _div_bwd(node, g):
-    x, y = node.saved_tensor(0), node.saved_tensor(1)
+    y = node.saved_tensor(1)
     sx, sy = node.in_shapes
     gx = divide(g, y)
-    gy = sum_to_shape(neg(multiply(gx, divide(x, y))), sy) if node.needs_grad(1) else None
-    return sum_to_shape(gx, sx), gy
+    gy = None
+    if node.needs_grad(1):  # only then is x read (divide_ may have overwritten it)
+        gy = sum_to_shape(neg(multiply(gx, divide(node.saved_tensor(0), y))), sy)
+    return (sum_to_shape(gx, sx) if node.needs_grad(0) else None), gy
 
 
 def _pow_bwd(node, g):

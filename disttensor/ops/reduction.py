@@ -20,12 +20,12 @@ def _keepdim_shape(shape, axes) -> list[int]:
 
 def _expand_back(g: Tensor, node) -> Tensor:
     """``g`` (the reduced grad) broadcast back to the input's shape."""
-    from .shape import expand, reshape
+    from .shape import expand, reshape_to
 
     (shape,) = node.in_shapes
     axes = node.attrs["axis"]
     if not node.attrs["keepdim"]:
-        g = reshape(g, _keepdim_shape(shape, axes))
+        g = reshape_to(g, _keepdim_shape(shape, axes))
     return expand(g, list(shape))
 
 
@@ -38,7 +38,7 @@ def _sum_bwd(node, g):
 
 
 def _extreme_kernel(xp, x, axis, keepdim, reduce_type):
-    if x.size == 0 and axis:
+    if any(x.shape[a] == 0 for a in axis):
         raise ValueError(f"{reduce_type}: reducing an empty axis of shape {list(x.shape)}")
     f = xp.max if reduce_type == "max" else xp.min
     return f(x, axis=axis, keepdims=keepdim)

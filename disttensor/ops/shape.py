@@ -18,7 +18,7 @@ _VIEW = ((0, 0),)
 
 
 def _reshape_bwd(node, g):
-    return reshape(g, list(node.in_shapes[0]))
+    return reshape_to(g, node.in_shapes[0])
 
 
 register("reshape", backward=_reshape_bwd, rule="reshape", view=_VIEW)(
@@ -66,18 +66,28 @@ def reshape(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     return apply(OPS["reshape"], (x,), {"shape": _target_shape("reshape", shape, x.shape)})
 
 
+def reshape_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """A view of ``x`` with exactly ``shape`` (no 0 / -1 conventions, so shapes holding size-0
+    dims are taken literally); used by the other shape ops and by backward functions."""
+    shape = tuple(int(s) for s in shape)
+    if int(np.prod(shape, dtype=np.int64)) != x.size or any(s < 0 for s in shape):
+        raise ValueError(f"reshape: cannot reshape x of shape {x.shape} ({x.size} elements) to "
+                         f"{list(shape)}")
+    return apply(OPS["reshape"], (x,), {"shape": shape})
+
+
 def flatten(x: Tensor, start_axis: int = 0, stop_axis: int = -1, name: str | None = None) -> Tensor:
     """Merge axes start_axis..stop_axis into one (a view)."""
     x = as_tensor(x)
     if x.ndim == 0:
-        return reshape(x, [1])
+        return reshape_to(x, [1])
     s = normalize_axis("flatten", start_axis, x.ndim, "start_axis")
     e = normalize_axis("flatten", stop_axis, x.ndim, "stop_axis")
     if s > e:
         raise ValueError(f"flatten: start_axis {start_axis} is after stop_axis {stop_axis} for "
                          f"shape {x.shape}")
     shp = x.shape
-    return reshape(x, shp[:s] + [int(np.prod(shp[s:e + 1], dtype=np.int64))] + shp[e + 1:])
+    return reshape_to(x, shp[:s] + [int(np.prod(shp[s:e + 1], dtype=np.int64))] + shp[e + 1:])
 
 
 def squeeze(x: Tensor, axis: Any = None, name: str | None = None) -> Tensor:
@@ -85,7 +95,7 @@ def squeeze(x: Tensor, axis: Any = None, name: str | None = None) -> Tensor:
     x = as_tensor(x)
     axes = normalize_axes("squeeze", axis, x.ndim) if axis is not None else None
     shape = [n for i, n in enumerate(x.shape) if not (n == 1 and (axes is None or i in axes))]
-    return reshape(x, shape)
+    return reshape_to(x, shape)
 
 
 def unsqueeze(x: Tensor, axis: Any, name: str | None = None) -> Tensor:
@@ -96,7 +106,7 @@ def unsqueeze(x: Tensor, axis: Any, name: str | None = None) -> Tensor:
     for a in axes:
         a = normalize_axis("unsqueeze", a, len(shape) + 1)
         shape.insert(a, 1)
-    return reshape(x, shape)
+    return reshape_to(x, shape)
 
 
 def transpose(x: Tensor, perm: Sequence[int], name: str | None = None) -> Tensor:
@@ -364,8 +374,8 @@ def _tile_bwd(node, g):
         inter += [r, n]
     from .reduction import sum as _sum
 
-    gs = _sum(reshape(g, inter), axis=list(range(0, len(inter), 2)))
-    return reshape(gs, list(node.in_shapes[0]))
+    gs = _sum(reshape_to(g, inter), axis=list(range(0, len(inter), 2)))
+    return reshape_to(gs, node.in_shapes[0])
 
 
 register("tile", backward=_tile_bwd, rule="tile")(

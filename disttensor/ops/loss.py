@@ -1,0 +1,280 @@
+"""Losses: softmax cross entropy (a fused op, parallel over a sharded class axis), Paddle's
+``F.cross_entropy`` and ``F.mse_loss`` composed from registered ops.
+
+The fused ``cross_entropy`` kernel never needs the whole class axis: it all-reduces (through
+``ctx``) the row max, the row sum of ``exp(x - max)`` and the logit picked by the label, which
+only the piece holding the label's class contributes. Dense (``DENSE_CTX``) these reductions are
+identities and the kernel is the plain single-process computation.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..tensor import Tensor
+from .common import as_tensor, normalize_axis
+from .registry import OPS, apply, register
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _keep_shape(shape, axis):
+    return tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1:])
+
+
+def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
+    """(softmax, loss) with loss shaped like logits with the class axis reduced to 1; rows whose
+    label is ``ignore_index`` get loss 0."""
+    keep = _keep_shape(logits.shape, axis)
+    lab = label.reshape(keep)
+    valid = lab != ignore_index
+    n_cls = ctx.global_shape(0, logits.shape)[axis]
+    bad = valid & ((lab < 0) | (lab >= n_cls))
+    if bad.any():
+        raise ValueError(f"cross_entropy: label value {int(lab[bad].reshape(-1)[0])} is out of "
+                         f"range [0, {n_cls}) (ignore_index={ignore_index})")
+    c_local = logits.shape[axis]
+    if c_local:
+        m = xp.max(logits, axis=axis, keepdims=True)
+    else:
+        m = xp.full(keep, -np.inf, dtype=logits.dtype)
+    m = ctx.allreduce(m, "max", 0, (axis,))
+    e = xp.exp(logits - m)
+    s = ctx.allreduce(xp.sum(e, axis=axis, keepdims=True), "sum", 0, (axis,))
+    local = lab - ctx.offset(0, axis)
+    hit = valid & (local >= 0) & (local < c_local)
+    if c_local:
+        picked = xp.take_along_axis(logits, xp.where(hit, local, 0), axis=axis)
+        picked = xp.where(hit, picked, 0).astype(logits.dtype, copy=False)
+    else:
+        picked = xp.zeros(keep, dtype=logits.dtype)
+    picked = ctx.allreduce(picked, "sum", 0, (axis,))
+    loss = xp.where(valid, xp.log(s) + m - picked, 0).astype(logits.dtype, copy=False)
+    return e / s, loss
+
+
+@register("cross_entropy_grad", rule="cross_entropy_grad", needs_ctx=True)
+def _ce_grad_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx):
+    """dlogits = (softmax - onehot(label)) * dloss, zero on ignored rows; the one-hot uses this
+    piece's global class indices."""
+    keep = _keep_shape(softmax.shape, axis)
+    lab = label.reshape(keep)
+    cls_shape = [1] * softmax.ndim
+    cls_shape[axis] = softmax.shape[axis]
+    cls = (xp.arange(softmax.shape[axis]) + ctx.offset(0, axis)).reshape(cls_shape)
+    scale = xp.where(lab != ignore_index, dloss, 0)
+    return ((softmax - (cls == lab)) * scale).astype(softmax.dtype, copy=False)
+
+
+def _ce_bwd(node, g_softmax, g_loss):
+    if g_loss is None:
+        return None, None
+    label, sm = node.saved_tensor(0), node.saved_tensor(1)
+    return apply(OPS["cross_entropy_grad"], (sm, label, g_loss), node.attrs), None
+
+
+register("cross_entropy", backward=_ce_bwd, rule="cross_entropy", n_out=2, save_inputs=(1,),
+         save_outputs=(0,), nondiff_outputs=frozenset({0}), grad_inputs=(0,),
+         needs_ctx=True)(_ce_kernel)
+
+
+# -- public functions ------------------------------------------------------------------------
+
+def _check_logits(op: str, x: Any, axis: int) -> tuple[Tensor, int]:
+    x = as_tensor(x)
+    if np.dtype(x.dtype).kind != "f":
+        raise TypeError(f"{op}: input must be floating, got {np.dtype(x.dtype).name}")
+    if x.ndim == 0:
+        raise ValueError(f"{op}: input must have at least 1 dim, got shape {x.shape}")
+    axis = normalize_axis(op, axis, x.ndim)
+    if x.shape[axis] == 0:
+        raise ValueError(f"{op}: input of shape {x.shape} has no classes on axis {axis}")
+    return x, axis
+
+
+def _check_hard_label(op: str, x: Tensor, label: Any, axis: int) -> Tensor:
+    label = as_tensor(label)
+    if np.dtype(label.dtype).kind not in "iu":
+        raise TypeError(f"{op}: hard label must be an integer tensor, got "
+                        f"{np.dtype(label.dtype).name} (use soft_label=True for probabilities)")
+    batch = x.shape[:axis] + x.shape[axis + 1:]
+    keep = list(_keep_shape(x.shape, axis))
+    if label.shape != batch and label.shape != keep:
+        raise ValueError(f"{op}: label shape {label.shape} must be {batch} or {keep} for input "
+                         f"{x.shape} with class axis {axis}")
+    return label
+
+
+def _check_soft_label(op: str, x: Tensor, label: Any) -> Tensor:
+    label = as_tensor(label, x)
+    if label.shape != x.shape or np.dtype(label.dtype).kind != "f":
+        raise ValueError(f"{op}: a soft label must be floating with the input's shape {x.shape}, "
+                         f"got {np.dtype(label.dtype).name} {label.shape}")
+    return label
+
+
+def _soft_ce(logp: Tensor, soft: Tensor, axis: int) -> Tensor:
+    """``-sum(soft * logp, axis, keepdim=True)``."""
+    from .elementwise import multiply, neg
+    from .reduction import sum as _sum
+
+    return neg(_sum(multiply(soft, logp), axis=axis, keepdim=True))
+
+
+def softmax_with_cross_entropy(logits: Tensor, label: Tensor, soft_label: bool = False,
+                               ignore_index: int = -100, numeric_stable_mode: bool = True,
+                               return_softmax: bool = False, axis: int = -1
+                               ) -> Tensor | tuple[Tensor, Tensor]:
+    """Softmax over ``axis`` then cross entropy with ``label`` (Paddle
+    ``F.softmax_with_cross_entropy``).
+
+    Hard labels are integers shaped like logits with the class axis removed or of size 1; a row
+    labelled ``ignore_index`` gets loss 0. Soft labels are probabilities shaped like logits.
+    The loss has the class axis of size 1; with ``return_softmax`` returns (loss, softmax).
+    """
+    op = "softmax_with_cross_entropy"
+    logits, axis = _check_logits(op, logits, axis)
+    if soft_label:
+        from .activation import log_softmax, softmax
+
+        label = _check_soft_label(op, logits, label)
+        loss = _soft_ce(log_softmax(logits, axis), label, axis)
+        return (loss, softmax(logits, axis)) if return_softmax else loss
+    label = _check_hard_label(op, logits, label, axis)
+    sm, loss = apply(OPS["cross_entropy"], (logits, label),
+                     {"axis": axis, "ignore_index": int(ignore_index)})
+    return (loss, sm) if return_softmax else loss
+
+
+def _class_vector(weight: Tensor, ndim: int, axis: int) -> Tensor:
+    """A [C] tensor reshaped to broadcast along ``axis`` of an ndim tensor."""
+    from .shape import reshape_to
+
+    shape = [1] * ndim
+    shape[axis] = weight.shape[0]
+    return reshape_to(weight, shape)
+
+
+def cross_entropy(input: Tensor, label: Tensor, weight: Tensor | None = None,
+                  ignore_index: int = -100, reduction: str = "mean", soft_label: bool = False,
+                  axis: int = -1, use_softmax: bool = True, label_smoothing: float = 0.0,
+                  name: str | None = None) -> Tensor:
+    """Paddle ``F.cross_entropy``.
+
+    Hard integer labels (shape ``[*B]`` or ``[*B, 1]`` along ``axis``) or soft labels
+    (``soft_label=True``, probabilities shaped like input). ``weight`` [C] rescales each class.
+    ``use_softmax=False`` takes input as probabilities. ``label_smoothing`` mixes the one-hot
+    label with the uniform distribution (ignore_index then does not apply, as in Paddle).
+    Reduction "none" keeps per-sample losses (class axis of size 1, or removed when a hard label
+    had no class axis); "sum" sums them; "mean" divides the sum by the number of non-ignored
+    labels (hard, no weight; 0 labels give 0), by the summed per-sample weights (with weight),
+    or by the number of samples (soft).
+    """
+    from .activation import log_softmax
+    from .elementwise import cast, divide, log, maximum, multiply, not_equal, scale, where
+    from .indexing import gather, one_hot
+    from .reduction import mean as _mean
+    from .reduction import sum as _sum
+    from .shape import reshape, reshape_to, squeeze, transpose
+
+    op = "cross_entropy"
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {list(_REDUCTIONS)}, got {reduction!r}")
+    x, axis = _check_logits(op, input, axis)
+    n_cls = x.shape[axis]
+    if weight is not None and (not isinstance(weight, Tensor) or weight.shape != [n_cls]):
+        got = weight.shape if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"{op}: weight must have shape [{n_cls}] (classes on axis {axis} of "
+                         f"input {x.shape}), got {got}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+
+    hard = not soft_label
+    squeeze_back = False
+    if hard:
+        label = _check_hard_label(op, x, label, axis)
+        squeeze_back = label.ndim == x.ndim - 1
+        if label_smoothing > 0.0 or not use_softmax:
+            # one-hot (class axis moved to ``axis``) and go through the soft path
+            lab_b = label if squeeze_back else squeeze(label, [axis])
+            valid_b = not_equal(lab_b, as_tensor(int(ignore_index), lab_b))
+            safe = where(valid_b, lab_b, as_tensor(0, lab_b))
+            soft = cast(one_hot(safe, n_cls), x.dtype)
+            if axis != x.ndim - 1:
+                perm = list(range(x.ndim - 1))
+                perm.insert(axis, x.ndim - 1)
+                soft = transpose(soft, perm)
+            if label_smoothing > 0.0:
+                soft = scale(soft, 1.0 - float(label_smoothing),
+                             float(label_smoothing) / n_cls)
+                hard = False  # Paddle: smoothed labels are soft labels (no ignore_index)
+            else:
+                soft = multiply(soft, cast(reshape_to(valid_b, list(_keep_shape(x.shape, axis))),
+                                           x.dtype))
+            label = soft
+    else:
+        label = _check_soft_label(op, x, label)
+
+    if isinstance(label, Tensor) and np.dtype(label.dtype).kind in "iu":
+        loss = apply(OPS["cross_entropy"], (x, label),
+                     {"axis": axis, "ignore_index": int(ignore_index)})[1]
+    else:
+        logp = log_softmax(x, axis) if use_softmax else log(x)
+        loss = _soft_ce(logp, label, axis)
+
+    keep = list(_keep_shape(x.shape, axis))
+    denom = None
+    if hard:
+        lab = label
+        if np.dtype(lab.dtype).kind == "f":  # one-hot of use_softmax=False: recover the mask
+            valid = cast(_sum(lab, axis=axis, keepdim=True), x.dtype)
+        else:
+            lab = reshape_to(lab, keep) if lab.shape != keep else lab
+            valid = cast(not_equal(lab, as_tensor(int(ignore_index), lab)), x.dtype)
+        if weight is not None:
+            if np.dtype(label.dtype).kind == "f":
+                w = _sum(multiply(label, _class_vector(weight, x.ndim, axis)), axis=axis,
+                         keepdim=True)
+            else:
+                safe = where(not_equal(lab, as_tensor(int(ignore_index), lab)), lab,
+                             as_tensor(0, lab))
+                w = multiply(reshape_to(gather(weight, reshape(safe, [-1])), keep), valid)
+            loss = multiply(loss, w)
+            denom = _sum(w)
+        else:
+            denom = maximum(_sum(valid), as_tensor(1.0, x))
+    elif weight is not None:
+        w = _sum(multiply(label, _class_vector(weight, x.ndim, axis)), axis=axis, keepdim=True)
+        loss = multiply(loss, w)
+        denom = _sum(w)
+
+    if reduction == "sum":
+        return _sum(loss)
+    if reduction == "mean":
+        return divide(_sum(loss), denom) if denom is not None else _mean(loss)
+    return squeeze(loss, [axis]) if squeeze_back else loss
+
+
+def mse_loss(input: Tensor, label: Tensor, reduction: str = "mean",
+             name: str | None = None) -> Tensor:
+    """``(input - label) ** 2`` reduced by "mean", "sum" or "none" (Paddle ``F.mse_loss``)."""
+    from .elementwise import multiply, subtract
+    from .reduction import mean as _mean
+    from .reduction import sum as _sum
+
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"mse_loss: reduction must be one of {list(_REDUCTIONS)}, got "
+                         f"{reduction!r}")
+    input = as_tensor(input)
+    label = as_tensor(label, input)
+    try:
+        np.broadcast_shapes(tuple(input.shape), tuple(label.shape))
+    except ValueError:
+        raise ValueError(f"mse_loss: input shape {input.shape} and label shape {label.shape} "
+                         "do not broadcast") from None
+    d = subtract(input, label)
+    sq = multiply(d, d)
+    if reduction == "mean":
+        return _mean(sq)
+    return _sum(sq) if reduction == "sum" else sq

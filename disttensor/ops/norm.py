@@ -1,0 +1,235 @@
+"""Normalization: layer_norm and batch_norm (Paddle ``F.layer_norm`` / ``F.batch_norm``).
+
+layer_norm normalizes over the trailing axes ``x.shape[begin_norm_axis:]`` (kept whole on every
+rank by its rule), so its kernels need no communication. batch_norm reduces over every axis but
+the channel one; its kernels take a :class:`~.registry.KernelCtx` and all-reduce per-channel
+sums (never x itself), so a batch-sharded x gives global batch statistics.
+
+Variance convention (as in Paddle): the *biased* batch variance (divide by the element count
+``n``) both normalizes the batch and enters the running update
+``running = momentum * running + (1 - momentum) * batch_stat``.
+The batch statistics are computed in two passes (sum -> mean, then sum of centered squares),
+which is numerically sound and costs two all-reduces of ``[C]`` values each.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..tensor import Tensor
+from .common import as_tensor
+from .registry import OPS, apply, check_inplace_target, register
+
+# -- layer_norm ----------------------------------------------------------------------------------
+
+
+def _layer_norm_kernel(xp, x, weight, bias, begin_norm_axis, epsilon):
+    b = begin_norm_axis
+    axes = tuple(range(b, x.ndim))
+    tail = x.shape[b:]
+    mean = xp.mean(x, axis=axes, keepdims=True)
+    xc = x - mean
+    rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=axes, keepdims=True) + epsilon)
+    out = xc * rstd
+    if weight is not None:
+        out = out * weight.reshape(tail)
+    if bias is not None:
+        out = out + bias.reshape(tail)
+    lead = x.shape[:b]
+    return out.astype(x.dtype, copy=False), mean.reshape(lead), rstd.reshape(lead)
+
+
+@register("layer_norm_grad", rule="layer_norm_grad", n_out=3)
+def _layer_norm_grad_kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon):
+    """(dx, dweight, dbias); dweight/dbias have weight's shape (x.shape[b:] without weight)."""
+    b = begin_norm_axis
+    axes = tuple(range(b, x.ndim))
+    tail = x.shape[b:]
+    bshape = x.shape[:b] + (1,) * len(tail)
+    mean, rstd = mean.reshape(bshape), rstd.reshape(bshape)
+    xhat = (x - mean) * rstd
+    dxhat = dout if weight is None else dout * weight.reshape(tail)
+    dx = rstd * (dxhat - xp.mean(dxhat, axis=axes, keepdims=True)
+                 - xhat * xp.mean(dxhat * xhat, axis=axes, keepdims=True))
+    lead = tuple(range(b))
+    dweight = xp.sum(dout * xhat, axis=lead)
+    dbias = xp.sum(dout, axis=lead)
+    if weight is not None:
+        dweight, dbias = dweight.reshape(weight.shape), dbias.reshape(weight.shape)
+    return dx.astype(x.dtype, copy=False), dweight, dbias
+
+
+def _layer_norm_bwd(node, g, *_):
+    from .shape import reshape_to
+
+    x, w, mean, rstd = (node.saved_tensor(i) for i in range(4))
+    dx, dw, db = apply(OPS["layer_norm_grad"], (x, w, mean, rstd, g), node.attrs)
+    _, sw, sb = node.in_shapes
+    if sb is not None and tuple(db.shape) != tuple(sb):
+        db = reshape_to(db, sb)
+    return dx, (dw if sw is not None else None), (db if sb is not None else None)
+
+
+register("layer_norm", backward=_layer_norm_bwd, rule="layer_norm", n_out=3,
+         save_inputs=(0, 1), save_outputs=(1, 2),
+         nondiff_outputs=frozenset({1, 2}))(_layer_norm_kernel)
+
+
+def _prod(xs) -> int:
+    return int(np.prod(list(xs), dtype=np.int64))
+
+
+def layer_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, epsilon: float = 1e-5,
+               name: str | None = None) -> Tensor:
+    """Normalize over the trailing ``normalized_shape`` axes (biased variance), then scale by
+    ``weight`` and shift by ``bias`` (each shaped ``normalized_shape`` or its flattening)."""
+    x = as_tensor(x)
+    if np.dtype(x.dtype).kind != "f":
+        raise TypeError(f"layer_norm: x must be floating, got {np.dtype(x.dtype).name}")
+    ns = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) \
+        else [int(s) for s in normalized_shape]
+    k = len(ns)
+    if k == 0 or k > x.ndim or list(x.shape[x.ndim - k:]) != ns:
+        raise ValueError(f"layer_norm: normalized_shape {ns} must be a non-empty suffix of x's "
+                         f"shape {x.shape}")
+    if _prod(ns) == 0:
+        raise ValueError(f"layer_norm: normalized_shape {ns} holds no elements")
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (not isinstance(t, Tensor) or _prod(t.shape) != _prod(ns)
+                              or (t.ndim != 1 and t.shape != ns)):
+            got = t.shape if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"layer_norm: {arg} must have shape {ns} or [{_prod(ns)}], got "
+                             f"{got}")
+    out, _, _ = apply(OPS["layer_norm"], (x, weight, bias),
+                      {"begin_norm_axis": x.ndim - k, "epsilon": float(epsilon)})
+    return out
+
+
+# -- batch_norm ----------------------------------------------------------------------------------
+
+_CHANNEL_FIRST = ("NC", "NCL", "NCHW", "NCDHW")
+_CHANNEL_LAST = ("NLC", "NHWC", "NDHWC")
+
+
+def _channel_axis(data_format: str, ndim: int) -> int:
+    return 1 if data_format in _CHANNEL_FIRST else ndim - 1
+
+
+def _bn_layout(x, data_format):
+    c = _channel_axis(data_format, x.ndim)
+    red = tuple(a for a in range(x.ndim) if a != c)
+    bshape = [1] * x.ndim
+    bshape[c] = x.shape[c]
+    return red, tuple(bshape)
+
+
+def _batch_norm_kernel(xp, x, running_mean, running_var, weight, bias, training, momentum,
+                       epsilon, data_format, ctx):
+    """``training``: normalize with the batch statistics and update the running ones in place;
+    else normalize with the running statistics. Returns (out, running_mean, running_var,
+    saved_mean, saved_rstd)."""
+    red, bshape = _bn_layout(x, data_format)
+    if training:
+        gshape = ctx.global_shape(0, x.shape)
+        count = _prod(gshape[a] for a in red)
+        mean = ctx.allreduce(xp.sum(x, axis=red), "sum", 0, red) / count
+        xc = x - mean.reshape(bshape)
+        var = ctx.allreduce(xp.sum(xc * xc, axis=red), "sum", 0, red) / count
+        running_mean[...] = momentum * running_mean + (1.0 - momentum) * mean
+        running_var[...] = momentum * running_var + (1.0 - momentum) * var
+    else:
+        mean = running_mean.astype(x.dtype, copy=True)
+        var = running_var.astype(x.dtype, copy=False)
+        xc = x - mean.reshape(bshape)
+    rstd = 1.0 / xp.sqrt(var + epsilon)
+    out = xc * rstd.reshape(bshape)
+    if weight is not None:
+        out = out * weight.reshape(bshape)
+    if bias is not None:
+        out = out + bias.reshape(bshape)
+    return out.astype(x.dtype, copy=False), running_mean, running_var, mean, rstd
+
+
+@register("batch_norm_grad", rule="batch_norm_grad", n_out=3, needs_ctx=True)
+def _batch_norm_grad_kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats,
+                            data_format, ctx):
+    """(dx, dweight, dbias). The per-channel sums of dout and dout * xhat are all-reduced over
+    the non-channel axes; with ``use_global_stats`` the statistics were constants."""
+    red, bshape = _bn_layout(x, data_format)
+    xhat = (x - saved_mean.reshape(bshape)) * saved_rstd.reshape(bshape)
+    sum_dy = ctx.allreduce(xp.sum(dout, axis=red), "sum", 0, red)
+    sum_dy_xhat = ctx.allreduce(xp.sum(dout * xhat, axis=red), "sum", 0, red)
+    k = saved_rstd if weight is None else weight * saved_rstd
+    k = k.reshape(bshape)
+    if use_global_stats:
+        dx = dout * k
+    else:
+        count = _prod(ctx.global_shape(0, x.shape)[a] for a in red)
+        dx = k * (dout - (sum_dy.reshape(bshape) + xhat * sum_dy_xhat.reshape(bshape)) / count)
+    return dx.astype(x.dtype, copy=False), sum_dy_xhat, sum_dy
+
+
+def _batch_norm_bwd(node, g, *_):
+    x, w, mean, rstd = (node.saved_tensor(i) for i in range(4))
+    attrs = {"use_global_stats": not node.attrs["training"],
+             "data_format": node.attrs["data_format"]}
+    dx, dw, db = apply(OPS["batch_norm_grad"], (x, w, mean, rstd, g), attrs)
+    return dx, None, None, dw, db
+
+
+_BN_SPEC = dict(backward=_batch_norm_bwd, rule="batch_norm", n_out=5, save_inputs=(0, 3),
+                save_outputs=(3, 4), view=((1, 1), (2, 2)), nondiff_outputs=frozenset({1, 2, 3, 4}),
+                grad_inputs=(0, 3, 4), needs_ctx=True)
+# Training (batch statistics): the kernel writes the running statistics (inputs 1 and 2), so the
+# dispatcher bumps their version. Inference (running statistics): the same kernel, nothing is
+# written, so a separate entry without ``mutates``.
+register("batch_norm", mutates=(1, 2), **_BN_SPEC)(_batch_norm_kernel)
+register("batch_norm_infer", **_BN_SPEC)(_batch_norm_kernel)
+
+
+def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.9, epsilon: float = 1e-5, data_format: str = "NCHW",
+               use_global_stats: bool | None = None, name: str | None = None) -> Tensor:
+    """Batch normalization over every axis but the channel one (axis 1 for NC/NCL/NCHW/NCDHW,
+    the last for NLC/NHWC/NDHWC).
+
+    With batch statistics (``use_global_stats`` False; its default is ``not training``) the
+    biased batch variance normalizes and ``running_mean``/``running_var`` are updated in place:
+    ``running = momentum * running + (1 - momentum) * batch_stat``. Otherwise the running
+    statistics normalize and nothing is written.
+    """
+    x = as_tensor(x)
+    if np.dtype(x.dtype).kind != "f":
+        raise TypeError(f"batch_norm: x must be floating, got {np.dtype(x.dtype).name}")
+    if data_format not in _CHANNEL_FIRST + _CHANNEL_LAST:
+        raise ValueError(f"batch_norm: data_format must be one of "
+                         f"{list(_CHANNEL_FIRST + _CHANNEL_LAST)}, got {data_format!r}")
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: x must have at least 2 dims, got shape {x.shape}")
+    c_axis = _channel_axis(data_format, x.ndim)
+    channels = x.shape[c_axis]
+    for arg, t in (("running_mean", running_mean), ("running_var", running_var),
+                   ("weight", weight), ("bias", bias)):
+        if t is None and arg.startswith("running"):
+            raise TypeError(f"batch_norm: {arg} is required")
+        if t is not None and (not isinstance(t, Tensor) or t.shape != [channels]):
+            got = t.shape if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"batch_norm: {arg} must have shape [{channels}] (channel axis "
+                             f"{c_axis} of x {x.shape}, data_format {data_format}), got {got}")
+    if use_global_stats is None:
+        use_global_stats = not training
+    batch_stats = not use_global_stats
+    op = OPS["batch_norm"] if batch_stats else OPS["batch_norm_infer"]
+    if batch_stats:
+        count = _prod(n for a, n in enumerate(x.shape) if a != c_axis)
+        if count == 0:
+            raise ValueError(f"batch_norm: x of shape {x.shape} has no elements per channel to "
+                             "compute batch statistics from")
+        for t in (running_mean, running_var):
+            check_inplace_target(op, t)
+    attrs = {"training": batch_stats, "momentum": float(momentum), "epsilon": float(epsilon),
+             "data_format": data_format}
+    return apply(op, (x, running_mean, running_var, weight, bias), attrs)[0]
