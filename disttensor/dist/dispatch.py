@@ -137,7 +137,9 @@ def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _D
             plans.append(plan if plan.steps else None)  # e.g. only size-1 mesh dims change
     dec.plans = tuple(plans)
     coord = dec.coord = coord_of(mesh)
-    dec.views = {o: i for i, o in op.view}
+    n_out = len(dec.out_metas) if dec.out_metas is not None else 1
+    # (input, -1) makes every output a view of that input (split)
+    dec.views = {o2: i for i, o in op.view for o2 in (range(n_out) if o == -1 else (o,))}
     dec.ctx = DistKernelCtx(dec.in_metas, mesh, coord) if op.needs_ctx and coord else None
     dec.local_attrs = attrs
     if op.local_attrs is not None and coord is not None and dec.out_metas is not None:
