@@ -19,8 +19,8 @@ def _matmul_bwd(node, g):
     from .shape import reshape_to as reshape
 
     x, y = node.saved_tensor(0), node.saved_tensor(1)
-    tx = node.attrs["transpose_x"] and x.ndim > 1
-    ty = node.attrs["transpose_y"] and y.ndim > 1
+    tx = node.attrs.get("transpose_x", False) and x.ndim > 1
+    ty = node.attrs.get("transpose_y", False) and y.ndim > 1
     x2 = x if x.ndim > 1 else reshape(x, [1, x.shape[0]])
     y2 = y if y.ndim > 1 else reshape(y, [y.shape[0], 1])
     g_shape = list(g.shape)
@@ -60,4 +60,9 @@ def matmul(x: Tensor, y: Tensor, transpose_x: bool = False, transpose_y: bool = 
         raise ValueError(f"matmul: contracted dims differ: x {list(xs)} (transpose_x="
                          f"{transpose_x}) has {k_x}, y {list(ys)} (transpose_y={transpose_y}) "
                          f"has {k_y}")
-    return apply(_MATMUL, (x, y), {"transpose_x": tx, "transpose_y": ty})
+    # attrs only when set: the plain product skips building and unpacking keyword arguments
+    attrs = {"transpose_x": tx, "transpose_y": ty} if tx or ty else _NO_ATTRS
+    return apply(_MATMUL, (x, y), attrs)
+
+
+_NO_ATTRS: dict = {}
