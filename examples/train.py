@@ -163,7 +163,7 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        opt.clear_grad()
+        opt.clear_grad(set_to_zero=False)  # drop grads: the next backward assigns, not adds
         value = float(loss.numpy())
         losses.append(value)
         dt_step = time.perf_counter() - t0
