@@ -84,10 +84,11 @@ def reshard_value(v: DistTensor, mesh: ProcessMesh, attr: DistAttr) -> DistTenso
 
 
 def _reshard_bwd(node, g):
+    # The gradient of the global value, laid out like the input without its Partial dims. No
+    # Partial(avg) scaling here: that belongs where the addends themselves are the variables
+    # (dtensor_from_local's backward); scaling here too divided by n twice.
     src_mesh, src_attr = node.attrs["src_mesh"], node.attrs["src_attr"]
-    out = _reshard_tensor(g, src_mesh, _nonpartial(src_attr))
-    scale = _grad_avg_scale(src_attr)
-    return out if scale == 1.0 else out * scale
+    return _reshard_tensor(g, src_mesh, _nonpartial(src_attr))
 
 
 _RESHARD = OpDef("reshard", kernel=None, backward=_reshard_bwd)
@@ -194,7 +195,16 @@ def dtensor_from_local(local: Any, mesh: ProcessMesh, placements: Sequence[Place
                              allow_partial=True)
     coord = coord_of(mesh)
     if coord is None:
-        raise ValueError(f"dtensor_from_local: this rank is not in {mesh}")
+        # A rank outside the mesh takes no part in the (mesh-wide) check and holds an empty
+        # piece; it can only know the global shape when it is given.
+        if shape is None:
+            raise ValueError(f"dtensor_from_local: this rank is not in {mesh}; pass shape= to "
+                             "get an empty piece of the global tensor here")
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != arr.ndim:
+            raise ValueError(f"dtensor_from_local: shape {list(shape)} has {len(shape)} dims but "
+                             f"the local value has {arr.ndim}")
+        return Tensor(_make(empty_piece(shape, arr.dtype, arr), mesh, attr, shape))
     metas = _gather_piece_metas(mesh, arr)
     gshape = _global_shape_from_pieces(metas, attr, shape)
     out = Tensor(_make(arr, mesh, attr, gshape, t._value.holder))

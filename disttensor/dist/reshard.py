@@ -8,7 +8,9 @@ per changed mesh dim:
    piece, P(sum)↔P(avg) by a local scale, otherwise P→R by all-reduce;
 2. sharded mesh dims that the target does not keep (it keeps the common prefix of each tensor
    dim's split order), innermost first: S→S' by all-to-all when the target shard can be cut
-   from the current piece, otherwise S→R by all-gather (uneven sizes known from metadata);
+   from the current piece, S→P locally when the target makes that mesh dim Partial (the own
+   block in place, the reduction's identity elsewhere), otherwise S→R by all-gather (uneven
+   sizes known from metadata);
 3. R→S by a local slice, outermost first (no communication);
 4. R→P locally (the value on coordinate 0, the reduction's identity elsewhere).
 
@@ -34,7 +36,7 @@ _COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 @dataclass(frozen=True)
 class Step:
     """One step of a plan. ``kind`` is a collective name, ``slice``, ``scale_partial``,
-    ``to_partial`` or ``send_recv``; ``bytes_per_rank`` is the largest local input it moves."""
+    ``to_partial``, ``shard_to_partial`` or ``send_recv``; ``bytes_per_rank`` is the largest local input it moves."""
 
     kind: str
     mesh_dim: int | None = None
@@ -59,6 +61,8 @@ class Step:
             "slice": f"local slice of tensor dim {self.tensor_dim}",
             "scale_partial": f"local rescale Partial -> Partial({self.reduce_type})",
             "to_partial": f"local Replicate -> Partial({self.reduce_type})",
+            "shard_to_partial": f"local Shard({self.tensor_dim}) -> Partial({self.reduce_type}) "
+                                "(own block in place, identity elsewhere)",
             "send_recv": "point-to-point send/recv of local pieces",
         }[self.kind]
         return f"{what} on {where}, {self.bytes_per_rank} bytes per rank"
@@ -89,6 +93,7 @@ class ReshardPlan:
                 f"{self.num_collectives} collective(s)")
         if not self.steps:
             return head + ", nothing to do"
+        head += f", {self.bytes_per_rank} bytes per rank moved"
         return head + "".join(f"\n  {i + 1}. {s.describe()}" for i, s in enumerate(self.steps))
 
 
@@ -186,6 +191,10 @@ def plan_same_mesh(shape: tuple[int, ...], itemsize: int, src: DistAttr, dst: Di
             if d2 is not None and d2 != d and _can_cut(st, dst_n, d2, m):
                 st.dims[d2].append(m)
                 done("all_to_all", before, mesh_dim=m, tensor_dim=d, split_dim=d2)
+            elif m in dst_partial:
+                st.partial[m] = dst_partial[m]
+                done("shard_to_partial", before, mesh_dim=m, tensor_dim=d,
+                     reduce_type=dst_partial[m].value)
             else:
                 done("all_gather", before, mesh_dim=m, tensor_dim=d)
             changed = True
@@ -252,8 +261,7 @@ def _run_step(step: Step, arr, shape, mesh: ProcessMesh, coord):
     n = mesh.shape[m] if m is not None else 1
     if k == "all_gather":
         parent = _extent(shape, step.before, coord, step.tensor_dim, without=m)
-        return group_along(mesh, m).all_gather(arr, axis=step.tensor_dim,
-                                               sizes=_sizes(parent, n))
+        return _all_gather(group_along(mesh, m), arr, step.tensor_dim, _sizes(parent, n))
     if k == "reduce_scatter":
         return group_along(mesh, m).reduce_scatter(arr, step.reduce_type, axis=step.tensor_dim)
     if k == "all_to_all":
@@ -267,6 +275,18 @@ def _run_step(step: Step, arr, shape, mesh: ProcessMesh, coord):
         return arr[tuple(idx)].copy()
     if k == "scale_partial":  # sum -> avg multiplies by n; avg -> sum divides
         return arr * n if step.reduce_type == "avg" else arr / n
+    if k == "shard_to_partial":
+        d = step.tensor_dim
+        parent = _extent(shape, step.before, coord, d, without=m)
+        a, b = split_range(parent, n, coord[m])
+        out_shape = list(arr.shape)
+        out_shape[d] = parent
+        xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
+        out = xp.full(out_shape, _identity(step.reduce_type, arr.dtype), dtype=arr.dtype)
+        idx = [slice(None)] * arr.ndim
+        idx[d] = slice(a, b)
+        out[tuple(idx)] = arr * n if step.reduce_type == "avg" else arr
+        return out
     if k == "to_partial":
         r = step.reduce_type
         if r in ("sum", "prod") and coord[m] != 0:
@@ -274,6 +294,44 @@ def _run_step(step: Step, arr, shape, mesh: ProcessMesh, coord):
                 else arr * 0 + (1 if r == "prod" else 0)
         return arr.copy()
     raise AssertionError(k)
+
+
+def _all_gather(group, arr, d: int, sizes: list[int]):
+    """All-gather along tensor dim ``d``. For ``d > 0`` the contiguous local buffer travels as
+    is (flat, along axis 0) and the pieces are interleaved into place once on arrival: one copy
+    in all, where gathering along ``d`` directly moves the axis to the front and back (two)."""
+    outer = int(np.prod(arr.shape[:d], dtype=np.int64))
+    if d == 0 or outer == 1:
+        return group.all_gather(arr, axis=d, sizes=sizes)
+    xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
+    inner = int(np.prod(arr.shape[d + 1:], dtype=np.int64))
+    flat = xp.ascontiguousarray(arr).reshape(-1)
+    buf = group.all_gather(flat, axis=0, sizes=[outer * s * inner for s in sizes])
+    out_shape = list(arr.shape)
+    out_shape[d] = sum(sizes)
+    out = xp.empty(out_shape, dtype=arr.dtype)
+    out3 = out.reshape(outer, sum(sizes), inner)
+    pos = off = 0
+    for s in sizes:
+        out3[:, off:off + s, :] = buf[pos:pos + outer * s * inner].reshape(outer, s, inner)
+        pos += outer * s * inner
+        off += s
+    return out
+
+
+def _identity(reduce_type: str, dtype):
+    """The value that does not change a ``reduce_type`` reduction."""
+    dt = np.dtype(dtype)
+    if reduce_type in ("sum", "avg"):
+        return 0
+    if reduce_type == "prod":
+        return 1
+    if dt.kind == "b":
+        return reduce_type == "min"
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return info.min if reduce_type == "max" else info.max
+    return -np.inf if reduce_type == "max" else np.inf
 
 
 def execute_same_mesh(steps: tuple[Step, ...], arr, shape, mesh: ProcessMesh):
