@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import weakref
 import functools
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
-from .tensor import DenseTensor, Tensor
+from .tensor import Tensor
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad",
            "run_backward", "GradNode"]

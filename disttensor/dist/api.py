@@ -16,7 +16,7 @@ from ..autograd import _GradMode, record
 from ..dtype import to_np_dtype
 from ..ops.registry import OpDef
 from ..tensor import DenseTensor, Tensor, array_module
-from .dist_tensor import DistTensor, empty_piece, expected_local_shape
+from .dist_tensor import DistTensor, empty_piece
 from .mesh_groups import check_mesh, coord_of, group_over
 from .reshard import ReshardPlan, execute, plan_reshard
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from spmd_rules import DistAttr, ProcessMesh, local_shape
+from spmd_rules import DistAttr, ProcessMesh
 
 from ..tensor import DenseTensor
 from .mesh_groups import coord_of
@@ -53,14 +53,6 @@ class DistTensor:
     def __repr__(self) -> str:
         return (f"DistTensor(shape={list(self.shape)}, mesh={self.mesh}, "
                 f"placements={self.placements}, local_shape={list(self.local.array.shape)})")
-
-
-def expected_local_shape(shape, mesh: ProcessMesh, dist_attr: DistAttr) -> tuple[int, ...]:
-    """The local shape on the current rank (zeros in every dim for non-members)."""
-    coord = coord_of(mesh)
-    if coord is None:
-        return (0,) * len(shape)
-    return local_shape(shape, dist_attr, coord)
 
 
 def empty_piece(shape, dtype, like: Any = None):

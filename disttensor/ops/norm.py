@@ -13,7 +13,7 @@ which is numerically sound and costs two all-reduces of ``[C]`` values each.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

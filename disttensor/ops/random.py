@@ -7,7 +7,6 @@ so a distributed dropout draws exactly the dense mask for the same seed, whateve
 """
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 

@@ -23,7 +23,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import autograd
 from ..autograd import _GradMode, record
 from ..tensor import DenseTensor, Tensor
 

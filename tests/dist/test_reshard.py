@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 import collectives
 import disttensor as dt
 from disttensor.dist.api import reshard_value
-from disttensor.dist.dist_tensor import DistTensor
 from disttensor.dist.reshard import plan_reshard
 from spmd_rules import DistAttr, Partial, ProcessMesh, ReduceType, Replicate, Shard, local_slices
 

@@ -1,0 +1,394 @@
+"""MPI backend (mpi4py) for numpy buffers, plus dispatch of cupy arrays to NCCL or host staging.
+
+Layout strategy
+---------------
+MPI collectives concatenate along the first axis of a flat buffer. For ``axis == 0`` on a
+C-contiguous input the numpy arrays are handed to MPI directly through the buffer interface and
+MPI writes into the freshly allocated result: no extra copy. For another axis the input is copied
+once with that axis in front, and the result is copied back once.
+
+Large counts
+------------
+mpi4py >= 4 on an MPI >= 4 library calls the large-count (``_c``) routines by itself, so counts
+above 2**31-1 work natively (``NATIVE_LARGE_COUNT``). Otherwise any message whose count or
+displacement (in MPI datatype elements) exceeds ``MAX_COUNT`` goes through a chunked path
+(chunked Allreduce / Bcast / Reduce / Sendrecv). Tests set ``NATIVE_LARGE_COUNT = False`` and a
+tiny ``MAX_COUNT`` to exercise that path.
+"""
+from __future__ import annotations
+
+
+import numpy as np
+
+from . import _common as C
+from .group import ProcessGroup, _finish
+
+from mpi4py import MPI  # noqa: E402  (this module is only imported under MPI)
+
+MAX_COUNT = 2**31 - 1
+USE_DERIVED_TYPES = True  # all_gather on a non-zero axis through MPI vector datatypes
+
+
+def _native_large_count() -> bool:
+    try:
+        import mpi4py
+
+        major = int(mpi4py.__version__.split(".")[0])
+        return major >= 4 and MPI.Get_version() >= (4, 0)
+    except Exception:  # pragma: no cover
+        return False
+
+
+NATIVE_LARGE_COUNT = _native_large_count()
+
+_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+_BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}
+_type_cache: dict = {}
+
+
+def mpi_type(dtype) -> "MPI.Datatype":
+    """MPI datatype for a numpy dtype (a committed contiguous byte type when there is none)."""
+    dt = np.dtype(dtype)
+    t = _type_cache.get(dt)
+    if t is None:
+        t = MPI._typedict.get(dt.char) if dt.isnative else None  # predefined types
+        if t is None or t == MPI.DATATYPE_NULL or t.Get_size() != dt.itemsize:
+            t = MPI.BYTE.Create_contiguous(dt.itemsize).Commit()
+        _type_cache[dt] = t
+    return t
+
+
+def _too_big(*ns: int) -> bool:
+    return (not NATIVE_LARGE_COUNT) and max(ns, default=0) > MAX_COUNT
+
+
+def _chunks(n: int):
+    lim = max(1, int(MAX_COUNT))
+    for a in range(0, n, lim):
+        yield a, min(n, a + lim)
+
+
+def _front(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` with ``axis`` moved to the front, C-contiguous (no copy when already so)."""
+    if axis == 0:
+        return np.asarray(x, order="C")
+    return np.asarray(np.moveaxis(x, axis, 0), order="C")
+
+
+def _back(buf: np.ndarray, axis: int, out):
+    """Undo ``_front`` into a new C-contiguous array (or into ``out``)."""
+    if axis == 0:
+        return _finish(buf, out) if out is not buf else out
+    moved = np.moveaxis(buf, 0, axis)
+    if out is not None:
+        np.copyto(out, moved)
+        return out
+    return np.asarray(moved, order="C")
+
+
+def _reduce_setup(dtype, op):
+    """(working dtype, MPI op): float16 reduces in float32; bool uses logical ops."""
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return dt, _BOOL_OPS[op]
+    if dt == np.float16:
+        return np.dtype(np.float32), _OPS[op]
+    return dt, _OPS[op]
+
+
+class MPIGroup(ProcessGroup):
+    """A group backed by an MPI communicator (a private duplicate, never COMM_WORLD itself)."""
+
+    backend_name = "mpi"
+
+    def __init__(self, comm: "MPI.Comm", ranks):
+        super().__init__(ranks, comm.Get_rank())
+        self.comm = comm
+        self._gpu = None  # lazily created GPU helper (NCCL or host staging)
+
+    # ---------------------------------------------------------------------------------- util
+    def _allgather_obj(self, obj):
+        return self.comm.allgather(obj)
+
+    def _exchange_ints(self, value: int) -> list[int]:
+        a = np.array([value], dtype=np.int64)
+        b = np.empty(self.size, dtype=np.int64)
+        self.comm.Allgather([a, MPI.INT64_T], [b, MPI.INT64_T])
+        return [int(v) for v in b]
+
+    def _gpu_impl(self, collective: bool = True):
+        """GPU helper; created at the first cupy *collective* (its setup is collective).
+        Point-to-point calls before that use host staging."""
+        if self._gpu is None:
+            from ._gpu import HostStaged, make_gpu_backend
+
+            if not collective:
+                return HostStaged(self)
+            self._gpu = make_gpu_backend(self)
+        return self._gpu
+
+    # ---------------------------------------------------------------------------- collectives
+    def _all_reduce(self, x, op, out):
+        if C.is_cupy(x):
+            return self._gpu_impl().all_reduce(x, op, out)
+        return self.np_all_reduce(x, op, out)
+
+    def np_all_reduce(self, x, op, out):
+        work, mop = _reduce_setup(x.dtype, op)
+        src = np.asarray(x, dtype=work, order="C")
+        if out is not None and out.dtype == work:
+            recv = out
+        else:
+            recv = np.empty(src.shape, dtype=work)
+        T = mpi_type(work)
+        n = src.size
+        if _too_big(n):
+            sf, rf = src.reshape(-1), recv.reshape(-1)
+            for a, b in _chunks(n):
+                self.comm.Allreduce([sf[a:b], T], [rf[a:b], T], op=mop)
+        else:
+            self.comm.Allreduce([src, T], [recv, T], op=mop)
+        if op == "avg":
+            recv /= self.size
+        if recv.dtype != x.dtype:
+            recv = recv.astype(x.dtype)
+        return _finish(recv, out) if recv is not out else out
+
+    def _all_gather(self, x, axis, sizes, out):
+        if C.is_cupy(x):
+            return self._gpu_impl().all_gather(x, axis, sizes, out)
+        return self.np_all_gather(x, axis, sizes, out)
+
+    def np_all_gather(self, x, axis, sizes, out):
+        if sizes is None:
+            sizes = self._exchange_ints(x.shape[axis])
+        total = sum(sizes)
+        T = mpi_type(x.dtype)
+        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        if axis > 0 and outer > 1 and USE_DERIVED_TYPES and not _too_big(outer * total * inner):
+            return self._all_gather_strided(x, axis, sizes, out, outer, inner, T)
+        xf = _front(x, axis)
+        rest = xf.shape[1:]
+        inner = int(np.prod(rest, dtype=np.int64))
+        buf = out if (axis == 0 and out is not None) else np.empty((total,) + rest, dtype=x.dtype)
+        counts = [s * inner for s in sizes]
+        displs = C.offsets(counts)
+        if _too_big(total * inner):
+            bf = buf.reshape(-1)
+            for k in range(self.size):
+                region = bf[displs[k]:displs[k] + counts[k]]
+                if k == self.rank:
+                    region[...] = xf.reshape(-1)
+                for a, b in _chunks(counts[k]):
+                    self.comm.Bcast([region[a:b], T], root=k)
+        elif all(c == counts[0] for c in counts):  # sizes are known alike on every rank
+            self.comm.Allgather([xf, counts[0], T], [buf, counts[0], T])
+        else:
+            self.comm.Allgatherv([xf, counts[self.rank], T], [buf, counts, displs, T])
+        return _back(buf, axis, out)
+
+    def _all_gather_strided(self, x, axis, sizes, out, outer, inner, T):
+        """Non-zero axis without copies: x is viewed as (outer, n_k, inner) and the result as
+        (outer, total, inner). Both sides describe one "row" (the ``inner`` block at one index
+        of the gathered axis, for every outer index) as a vector datatype resized to one block,
+        so n_k rows of rank k land at row offset off_k of the result."""
+        total = sum(sizes)
+        me_n = sizes[self.rank]
+        xc = np.asarray(x, order="C")
+        shape = list(x.shape)
+        shape[axis] = total
+        res = out if out is not None else np.empty(shape, dtype=x.dtype)
+        ext = inner * T.Get_extent()[1]
+        vs = T.Create_vector(outer, inner, max(me_n, 1) * inner)
+        vr = T.Create_vector(outer, inner, total * inner)
+        ts = vs.Create_resized(0, ext).Commit()
+        tr = vr.Create_resized(0, ext).Commit()
+        try:
+            if all(s == sizes[0] for s in sizes):
+                self.comm.Allgather([xc, me_n, ts], [res, me_n, tr])
+            else:
+                self.comm.Allgatherv([xc, me_n, ts], [res, list(sizes), C.offsets(sizes), tr])
+        finally:
+            for t in (vs, vr, ts, tr):
+                t.Free()
+        return res
+
+    def _reduce_scatter(self, x, op, axis, sizes, out):
+        if C.is_cupy(x):
+            return self._gpu_impl().reduce_scatter(x, op, axis, sizes, out)
+        return self.np_reduce_scatter(x, op, axis, sizes, out)
+
+    def np_reduce_scatter(self, x, op, axis, sizes, out):
+        work, mop = _reduce_setup(x.dtype, op)
+        xf = _front(x, axis)
+        if xf.dtype != work:
+            xf = xf.astype(work)
+        rest = xf.shape[1:]
+        inner = int(np.prod(rest, dtype=np.int64))
+        counts = [s * inner for s in sizes]
+        displs = C.offsets(counts)
+        recv = np.empty((sizes[self.rank],) + rest, dtype=work)
+        T = mpi_type(work)
+        if _too_big(sum(counts)):
+            sf, rf = xf.reshape(-1), recv.reshape(-1)
+            for i in range(self.size):
+                for a, b in _chunks(counts[i]):
+                    piece = sf[displs[i] + a:displs[i] + b]
+                    self.comm.Reduce([piece, T], [rf[a:b], T] if i == self.rank else None, op=mop, root=i)
+        elif all(c == counts[0] for c in counts):
+            self.comm.Reduce_scatter_block([xf, T], [recv, T], op=mop)
+        else:
+            self.comm.Reduce_scatter([xf, T], [recv, T], recvcounts=counts, op=mop)
+        if op == "avg":
+            recv /= self.size
+        if recv.dtype != x.dtype:
+            recv = recv.astype(x.dtype)
+        return _back(recv, axis, out)
+
+    def _all_to_all(self, x, s, c, ssizes, rsizes, out):
+        if C.is_cupy(x):
+            return self._gpu_impl().all_to_all(x, s, c, ssizes, rsizes, out)
+        return self.np_all_to_all(x, s, c, ssizes, rsizes, out)
+
+    def np_all_to_all(self, x, s, c, ssizes, rsizes, out):
+        """Pieces travel in one of two layouts, chosen from metadata every rank shares:
+
+        - ``s == 0 != c``: pieces are contiguous slices of x in x's own layout; the receiver
+          copies each into place (one copy in all).
+        - otherwise: every piece is sent with the concat axis in front (copy-free for the
+          sender when s == c == 0 and x is contiguous), so arrivals stack along the front axis;
+          the receiver moves that axis back (copy-free when c == 0).
+        """
+        size, me = self.size, self.rank
+        shape = x.shape
+        send_c = [ssizes[j] if s == c else shape[c] for j in range(size)]
+        def piece_shape(j_split, n_c):
+            shp = list(shape)
+            shp[s] = j_split
+            shp[c] = n_c
+            return shp
+
+        if rsizes is None:
+            a = np.array(send_c, dtype=np.int64)
+            b = np.empty(size, dtype=np.int64)
+            self.comm.Alltoall([a, MPI.INT64_T], [b, MPI.INT64_T])
+            rsizes = [int(v) for v in b]
+        recv_shapes = [piece_shape(ssizes[me] if s != c else rsizes[j], rsizes[j]) for j in range(size)]
+        send_shapes = [piece_shape(ssizes[j], send_c[j]) for j in range(size)]
+        scounts = [int(np.prod(p, dtype=np.int64)) for p in send_shapes]
+        rcounts = [int(np.prod(p, dtype=np.int64)) for p in recv_shapes]
+        sdispls, rdispls = C.offsets(scounts), C.offsets(rcounts)
+        large = False
+        if not NATIVE_LARGE_COUNT:
+            # every rank must pick the same algorithm, and only this rank sees its own counts
+            mine = max(sum(scounts), sum(rcounts)) > MAX_COUNT
+            large = bool(self.comm.allreduce(int(mine), op=MPI.MAX))
+        T = mpi_type(x.dtype)
+        soff = C.offsets(ssizes)
+        result_shape = self._a2a_result_shape(shape, s, c, ssizes, rsizes)
+
+        own_layout = s == 0 and c != 0
+        if own_layout:
+            sendbuf = np.asarray(x, order="C")
+        elif s == c:
+            sendbuf = _front(x, s)
+        else:
+            sendbuf = np.empty(x.size, dtype=x.dtype)
+            for j in range(size):
+                sl = [slice(None)] * x.ndim
+                sl[s] = slice(soff[j], soff[j] + ssizes[j])
+                piece = np.moveaxis(x[tuple(sl)], c, 0)
+                np.copyto(sendbuf[sdispls[j]:sdispls[j] + scounts[j]].reshape(piece.shape), piece)
+        if own_layout:
+            recvbuf = np.empty(sum(rcounts), dtype=x.dtype)
+        else:
+            front_shape = (sum(rsizes),) + tuple(d for i, d in enumerate(result_shape) if i != c)
+            if c == 0 and out is not None:
+                recvbuf = out
+            else:
+                recvbuf = np.empty(front_shape, dtype=x.dtype)
+
+        if large:
+            sf, rf = sendbuf.reshape(-1), recvbuf.reshape(-1)
+            rf[rdispls[me]:rdispls[me] + rcounts[me]] = sf[sdispls[me]:sdispls[me] + scounts[me]]
+            for k in range(1, size):
+                dst, src = (me + k) % size, (me - k) % size
+                reqs = [
+                    self.comm.Irecv([rf[rdispls[src] + a:rdispls[src] + b], T], source=src, tag=7)
+                    for a, b in _chunks(rcounts[src])
+                ]
+                reqs += [
+                    self.comm.Isend([sf[sdispls[dst] + a:sdispls[dst] + b], T], dest=dst, tag=7)
+                    for a, b in _chunks(scounts[dst])
+                ]
+                MPI.Request.Waitall(reqs)
+        else:
+            self.comm.Alltoallv([sendbuf, scounts, sdispls, T], [recvbuf, rcounts, rdispls, T])
+
+        if own_layout:
+            res = out if out is not None else np.empty(result_shape, dtype=x.dtype)
+            roff = C.offsets(rsizes)
+            for j in range(size):
+                sl = [slice(None)] * x.ndim
+                sl[c] = slice(roff[j], roff[j] + rsizes[j])
+                res[tuple(sl)] = recvbuf[rdispls[j]:rdispls[j] + rcounts[j]].reshape(recv_shapes[j])
+            return res
+        return _back(recvbuf, c, out)
+
+    def _broadcast(self, x, src, out):
+        if C.is_cupy(x):
+            return self._gpu_impl().broadcast(x, src, out)
+        return self.np_broadcast(x, src, out)
+
+    def np_broadcast(self, x, src, out):
+        if out is not None:
+            buf = out
+            if self.rank == src:
+                np.copyto(buf, x)
+        elif self.rank == src:
+            buf = np.array(x, order="C", copy=True)
+        else:
+            buf = np.empty(x.shape, dtype=x.dtype)
+        T = mpi_type(x.dtype)
+        if _too_big(buf.size):
+            bf = buf.reshape(-1)
+            for a, b in _chunks(buf.size):
+                self.comm.Bcast([bf[a:b], T], root=src)
+        else:
+            self.comm.Bcast([buf, T], root=src)
+        return buf
+
+    def _send(self, x, dst, tag):
+        if C.is_cupy(x):
+            return self._gpu_impl(collective=False).send(x, dst, tag)
+        return self.np_send(x, dst, tag)
+
+    def np_send(self, x, dst, tag):
+        buf = np.asarray(x, order="C")
+        T = mpi_type(buf.dtype)
+        if _too_big(buf.size):
+            bf = buf.reshape(-1)
+            for a, b in _chunks(buf.size):
+                self.comm.Send([bf[a:b], T], dest=dst, tag=tag)
+        else:
+            self.comm.Send([buf, T], dest=dst, tag=tag)
+
+    def _recv(self, shape, dtype, src, tag, want_cupy, out):
+        if want_cupy:
+            return self._gpu_impl(collective=False).recv(shape, dtype, src, tag, out)
+        return self.np_recv(shape, dtype, src, tag, out)
+
+    def np_recv(self, shape, dtype, src, tag, out):
+        buf = out if out is not None else np.empty(shape, dtype=dtype)
+        T = mpi_type(dtype)
+        if _too_big(buf.size):
+            bf = buf.reshape(-1)
+            for a, b in _chunks(buf.size):
+                self.comm.Recv([bf[a:b], T], source=src, tag=tag)
+        else:
+            self.comm.Recv([buf, T], source=src, tag=tag)
+        return buf
+
+    def _barrier(self):
+        self.comm.Barrier()

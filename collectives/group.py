@@ -1,0 +1,258 @@
+"""ProcessGroup: argument checks, counting and debug agreement, shared by every backend.
+
+A subclass implements the underscore methods (``_all_reduce`` ...) on arrays whose metadata has
+already been validated. ``LocalGroup`` is the single-process group used when the program was not
+started under MPI.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import _common as C
+
+
+class ProcessGroup:
+    """A set of processes that run collectives together.
+
+    Attributes: ``rank`` (this process's rank in the group), ``size``, ``ranks`` (global ranks, in
+    group-rank order: group rank i is ``ranks[i]``).
+    """
+
+    backend_name = "abstract"
+
+    def __init__(self, ranks: Sequence[int], rank: int):
+        self.ranks = tuple(int(r) for r in ranks)
+        self.size = len(self.ranks)
+        self.rank = int(rank)
+        self._call_index = 0  # collective calls issued on this group (debug-mode agreement)
+        self._self_queue: dict[int, deque] = defaultdict(deque)  # send/recv to oneself
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, ranks={self.ranks})"
+
+    # ----------------------------------------------------------------------------------------
+    # debug-mode agreement
+    # ----------------------------------------------------------------------------------------
+
+    def _begin(self, name: str, record: dict) -> None:
+        """Called after local checks, before communication, for every collective."""
+        index = self._call_index
+        self._call_index += 1
+        if self.size > 1 and C.check_collectives_enabled():
+            mine = (name, index, tuple(sorted(record.items())))
+            records = self._allgather_obj(mine)
+            if any(r != records[0] for r in records):
+                lines = [
+                    f"  group rank {i} (global rank {self.ranks[i]}): {r[0]} call #{r[1]} "
+                    + ", ".join(f"{k}={v}" for k, v in r[2])
+                    for i, r in enumerate(records)
+                ]
+                raise C.CollectiveMismatchError(
+                    f"collective mismatch in group {self.ranks} (DISTTENSOR_CHECK_COLLECTIVES=1): "
+                    f"ranks disagree on the collective, its call index or its arguments:\n"
+                    + "\n".join(lines)
+                )
+        C.count(name)
+
+    def _allgather_obj(self, obj: Any) -> list:  # pragma: no cover - overridden
+        return [obj]
+
+    # ----------------------------------------------------------------------------------------
+    # public API
+    # ----------------------------------------------------------------------------------------
+
+    def all_reduce(self, x, op: Any = "sum", *, out=None):
+        """Elementwise reduction over the group; every rank gets the result (a new array)."""
+        name = "all_reduce"
+        x = C.as_array(x, name, "x")
+        op = C.normalize_op(op, name)
+        C.check_op_dtype(op, x.dtype, name, x.shape)
+        C.check_out(out, x.shape, x.dtype, name, C.is_cupy(x))
+        self._begin(name, {"shape": tuple(x.shape), "dtype": np.dtype(x.dtype).str, "op": op})
+        return self._all_reduce(x, op, out)
+
+    def all_gather(self, x, axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
+        """Concatenate every rank's ``x`` along ``axis`` in group-rank order.
+
+        Sizes along ``axis`` may differ per rank (0 included); other dims must agree. ``sizes``
+        (every rank's size along ``axis``) skips the size exchange when the caller knows them.
+        """
+        name = "all_gather"
+        x = C.as_array(x, name, "x")
+        axis = C.norm_axis(axis, x.ndim, name, "axis", x.shape)
+        sizes = C.check_sizes(sizes, self.size, name, "sizes", None, x.shape)
+        if sizes is not None and sizes[self.rank] != x.shape[axis]:
+            raise ValueError(
+                f"{name}: argument 'sizes'={sizes} says group rank {self.rank} has "
+                f"{sizes[self.rank]} along axis {axis} but x has shape={tuple(x.shape)}"
+            )
+        if out is not None:
+            if sizes is None:
+                raise ValueError(f"{name}: argument 'out' needs 'sizes' to be given")
+            shp = list(x.shape)
+            shp[axis] = sum(sizes)
+            C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
+        other = tuple(None if i == axis else d for i, d in enumerate(x.shape))
+        self._begin(
+            name,
+            {"shape(except axis)": other, "dtype": np.dtype(x.dtype).str, "axis": axis,
+             "sizes": None if sizes is None else tuple(sizes)},
+        )
+        return self._all_gather(x, axis, sizes, out)
+
+    def reduce_scatter(self, x, op: Any = "sum", axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
+        """Reduce equal-shaped ``x`` across ranks; rank i gets piece i of the split along ``axis``
+        (``numpy.array_split`` sizes, or ``sizes``)."""
+        name = "reduce_scatter"
+        x = C.as_array(x, name, "x")
+        op = C.normalize_op(op, name)
+        C.check_op_dtype(op, x.dtype, name, x.shape)
+        axis = C.norm_axis(axis, x.ndim, name, "axis", x.shape)
+        if sizes is None:
+            sizes = C.split_sizes(x.shape[axis], self.size)
+        else:
+            sizes = C.check_sizes(sizes, self.size, name, "sizes", x.shape[axis], x.shape)
+        shp = list(x.shape)
+        shp[axis] = sizes[self.rank]
+        C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
+        self._begin(
+            name,
+            {"shape": tuple(x.shape), "dtype": np.dtype(x.dtype).str, "op": op, "axis": axis,
+             "sizes": tuple(sizes)},
+        )
+        return self._reduce_scatter(x, op, axis, sizes, out)
+
+    def all_to_all(self, x, split_axis: int, concat_axis: int, split_sizes: Optional[Sequence[int]] = None,
+                   recv_sizes: Optional[Sequence[int]] = None, *, out=None):
+        """Split ``x`` along ``split_axis`` into ``size`` pieces (array_split or ``split_sizes``),
+        send piece j to rank j, concatenate what arrives along ``concat_axis`` in source order.
+
+        ``recv_sizes[s]`` is the size along ``concat_axis`` of the piece coming from source s;
+        without it the sizes are exchanged with a small all-to-all of ints.
+        """
+        name = "all_to_all"
+        x = C.as_array(x, name, "x")
+        s = C.norm_axis(split_axis, x.ndim, name, "split_axis", x.shape)
+        c = C.norm_axis(concat_axis, x.ndim, name, "concat_axis", x.shape)
+        if split_sizes is None:
+            ssizes = C.split_sizes(x.shape[s], self.size)
+        else:
+            ssizes = C.check_sizes(split_sizes, self.size, name, "split_sizes", x.shape[s], x.shape)
+        rsizes = C.check_sizes(recv_sizes, self.size, name, "recv_sizes", None, x.shape)
+        if out is not None:
+            if rsizes is None:
+                raise ValueError(f"{name}: argument 'out' needs 'recv_sizes' to be given")
+            C.check_out(out, self._a2a_result_shape(x.shape, s, c, ssizes, rsizes), x.dtype, name, C.is_cupy(x))
+        other = tuple(None if i in (s, c) else d for i, d in enumerate(x.shape))
+        self._begin(
+            name,
+            {"shape(except split/concat)": other, "dtype": np.dtype(x.dtype).str,
+             "split_axis": s, "concat_axis": c},
+        )
+        return self._all_to_all(x, s, c, ssizes, rsizes, out)
+
+    def broadcast(self, x, src: int = 0, *, out=None):
+        """Return ``src``'s array on every rank. Non-src ranks pass an array of the same
+        shape and dtype (its content is ignored)."""
+        name = "broadcast"
+        x = C.as_array(x, name, "x")
+        src = C.check_peer(src, self.size, name, "src")
+        C.check_out(out, x.shape, x.dtype, name, C.is_cupy(x))
+        self._begin(name, {"shape": tuple(x.shape), "dtype": np.dtype(x.dtype).str, "src": src})
+        return self._broadcast(x, src, out)
+
+    def send(self, x, dst: int, tag: int = 0) -> None:
+        """Blocking send of ``x`` to group rank ``dst``."""
+        name = "send"
+        x = C.as_array(x, name, "x")
+        dst = C.check_peer(dst, self.size, name, "dst")
+        C.count(name)
+        if dst == self.rank:
+            self._self_queue[int(tag)].append(x.copy())
+            return None
+        self._send(x, dst, int(tag))
+
+    def recv(self, shape: Sequence[int], dtype: Any, src: int, tag: int = 0, *, like=None, out=None):
+        """Receive an array of ``shape``/``dtype`` from group rank ``src``. ``like`` (a cupy
+        array) asks for a cupy result; ``out`` is a C-contiguous writable buffer to fill."""
+        name = "recv"
+        src = C.check_peer(src, self.size, name, "src")
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        want_cupy = (like is not None and C.is_cupy(like)) or (out is not None and C.is_cupy(out))
+        C.check_out(out, shape, dtype, name, want_cupy)
+        C.count(name)
+        if src == self.rank:
+            q = self._self_queue[int(tag)]
+            if not q:
+                raise RuntimeError(f"{name}: no message from oneself (rank {self.rank}) with tag {tag} was sent")
+            data = q.popleft()
+            if tuple(data.shape) != shape or np.dtype(data.dtype) != dtype:
+                raise ValueError(f"{name}: message from oneself has {C.describe(data)}, expected shape={shape} dtype={dtype.name}")
+            if out is not None:
+                out[...] = data
+                return out
+            return data
+        return self._recv(shape, dtype, src, int(tag), want_cupy, out)
+
+    def barrier(self) -> None:
+        self._begin("barrier", {})
+        self._barrier()
+
+    # ----------------------------------------------------------------------------------------
+    # helpers for subclasses
+    # ----------------------------------------------------------------------------------------
+
+    def _a2a_result_shape(self, shape, s, c, ssizes, rsizes):
+        shp = list(shape)
+        if s != c:
+            shp[s] = ssizes[self.rank]
+        shp[c] = sum(rsizes)
+        return tuple(shp)
+
+
+def _finish(result, out):
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+class LocalGroup(ProcessGroup):
+    """The group of one process: every collective is a local copy."""
+
+    backend_name = "local"
+
+    def __init__(self):
+        super().__init__((0,), 0)
+
+    def _all_reduce(self, x, op, out):
+        return _finish(x.copy(), out)
+
+    def _all_gather(self, x, axis, sizes, out):
+        return _finish(x.copy(), out)
+
+    def _reduce_scatter(self, x, op, axis, sizes, out):
+        return _finish(x.copy(), out)
+
+    def _all_to_all(self, x, s, c, ssizes, rsizes, out):
+        if rsizes is not None:
+            expect = ssizes[0] if s == c else x.shape[c]
+            if rsizes[0] != expect:
+                raise ValueError(f"all_to_all: recv_sizes={rsizes} but this rank sends itself {expect} along axis {c}")
+        return _finish(x.copy(), out)
+
+    def _broadcast(self, x, src, out):
+        return _finish(x.copy(), out)
+
+    def _send(self, x, dst, tag):  # pragma: no cover - dst is always self here
+        raise AssertionError("unreachable")
+
+    def _recv(self, shape, dtype, src, tag, want_cupy, out):  # pragma: no cover
+        raise AssertionError("unreachable")
+
+    def _barrier(self):
+        return None

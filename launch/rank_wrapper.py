@@ -1,0 +1,130 @@
+"""Per-rank wrapper started by ``python -m launch`` under mpiexec (one per rank).
+
+    python -m launch.rank_wrapper --log-dir DIR [--gpus] [--quiet-others] -- script.py args...
+
+Runs ``python script.py args...`` as a child that inherits the MPI/PMI environment (so the child
+is the MPI rank; this wrapper never initialises MPI). The child's stdout and stderr go straight
+into ``DIR/rank_<k>.log`` (complete even if the wrapper is killed by an MPI abort); the wrapper
+tails that file to its own stdout with a ``[rank k] `` prefix (so on the console both streams
+arrive on stdout), forwards SIGINT/SIGTERM to the child, and exits with the child's status.
+It also writes
+
+- ``DIR/rank_<k>.exit``: the child's exit status (128+N for death by signal N),
+- ``DIR/rank_<k>.traceback``: the time the child first printed a Python traceback,
+
+which the launcher uses to find the rank that failed first.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+_LOCAL_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK", "SLURM_LOCALID")
+
+
+def _env_int(names, default=0) -> int:
+    for n in names:
+        v = os.environ.get(n)
+        if v is not None and v.strip().lstrip("-").isdigit():
+            return int(v)
+    return default
+
+
+def _die_with_parent():
+    """Child dies if the wrapper is killed (e.g. SIGKILL from mpiexec after an MPI abort)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launch.rank_wrapper", allow_abbrev=False)
+    ap.add_argument("--log-dir", required=True)
+    ap.add_argument("--gpus", action="store_true")
+    ap.add_argument("--quiet-others", action="store_true")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not cmd:
+        ap.error("no script given")
+
+    rank = _env_int(_RANK_VARS)
+    local_rank = _env_int(_LOCAL_VARS)
+    env = dict(os.environ)
+    if args.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    os.makedirs(args.log_dir, exist_ok=True)
+    log_path = os.path.join(args.log_dir, f"rank_{rank}.log")
+    tb_marker = os.path.join(args.log_dir, f"rank_{rank}.traceback")
+    console = not (args.quiet_others and rank != 0)
+    prefix = f"[rank {rank}] "
+
+    if cmd[0].endswith(".py"):
+        cmd = [sys.executable] + cmd
+    # The child writes straight into the log file (stdout and stderr, O_APPEND), so the log is
+    # complete even if this wrapper is killed (mpiexec kills everything after an MPI abort);
+    # the console copy is produced by tailing that file.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    # close_fds=False: the PMI connection fd (PMI_FD) must reach the child
+    child = subprocess.Popen(cmd, env=env, stdout=fd, stderr=fd, stdin=subprocess.DEVNULL,
+                             close_fds=False, preexec_fn=_die_with_parent)
+    os.close(fd)
+
+    def forward(sig, frame):
+        try:
+            child.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+
+    seen_tb = False
+    pending = b""
+    with open(log_path, "rb") as f:
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line = raw.decode(errors="replace")
+                    if not seen_tb and line.startswith("Traceback (most recent call last)"):
+                        seen_tb = True
+                        with open(tb_marker, "w") as m:
+                            m.write(f"{time.time():.6f}\n")
+                    if console:
+                        sys.stdout.write(prefix + line + "\n")
+                if console and lines:
+                    sys.stdout.flush()
+                continue
+            rc = child.poll()
+            if rc is not None:
+                chunk = f.read()
+                if chunk:
+                    pending += chunk
+                    continue
+                break
+            time.sleep(0.02)
+    if pending and console:
+        sys.stdout.write(prefix + pending.decode(errors="replace") + "\n")
+        sys.stdout.flush()
+    status = rc if rc >= 0 else 128 - rc
+    with open(os.path.join(args.log_dir, f"rank_{rank}.exit"), "w") as f:
+        f.write(f"{status}\n")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

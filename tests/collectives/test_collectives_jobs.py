@@ -1,0 +1,72 @@
+"""Whole-job behaviour, run as `mpiexec -n 2` subprocesses so the test process itself is safe:
+debug-mode mismatch raising on every rank, and one failing rank ending the job quickly."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from launch import find_mpiexec
+
+import collectives
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MPIEXEC = find_mpiexec()
+
+pytestmark = [
+    pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found"),
+    pytest.mark.skipif(collectives.is_mpi(), reason="starts its own mpiexec job; run outside MPI"),
+]
+
+
+def run_job(tmp_path, code, n=2, timeout=60, env=None):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(code))
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e.update(env or {})
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=timeout, env=e, cwd=str(tmp_path))
+
+
+def test_debug_mode_mismatch_raises_same_error_on_every_rank(tmp_path):
+    r = run_job(tmp_path, """
+        import numpy as np, collectives
+        g = collectives.init()
+        g.all_reduce(np.ones(3))                      # agreeing call: fine
+        x = np.ones(3 + g.rank)                       # shapes disagree
+        try:
+            g.all_reduce(x)
+        except collectives.CollectiveMismatchError as e:
+            open(f"err_{g.rank}.txt", "w").write(str(e))
+        else:
+            open(f"noerr_{g.rank}.txt", "w").write("no error")
+        g.barrier()
+        try:                                          # different collectives
+            g.barrier() if g.rank == 0 else g.broadcast(np.ones(2))
+        except collectives.CollectiveMismatchError as e:
+            open(f"caught2_{g.rank}.txt", "w").write(str(e))
+    """, env={"DISTTENSOR_CHECK_COLLECTIVES": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not list(tmp_path.glob("noerr_*"))
+    assert sorted(p.name for p in tmp_path.glob("caught2_*")) == ["caught2_0.txt", "caught2_1.txt"]
+    assert "barrier call #3" in (tmp_path / "caught2_0.txt").read_text()
+    e0 = (tmp_path / "err_0.txt").read_text()
+    e1 = (tmp_path / "err_1.txt").read_text()
+    assert e0 == e1
+    assert "all_reduce call #1" in e0 and "shape=(3,)" in e0 and "shape=(4,)" in e0
+
+
+def test_one_rank_raises_while_others_block_ends_quickly(tmp_path):
+    r = run_job(tmp_path, """
+        import numpy as np, collectives, time
+        g = collectives.init()
+        if g.rank == 1:
+            time.sleep(0.5)
+            raise RuntimeError("boom on rank 1")
+        g.all_reduce(np.ones(4))                      # rank 0 blocks here forever without abort
+        print("UNREACHABLE", flush=True)
+    """, timeout=60)
+    assert r.returncode != 0
+    assert "RuntimeError: boom on rank 1" in r.stderr
+    assert "UNREACHABLE" not in r.stdout

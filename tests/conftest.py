@@ -1,0 +1,118 @@
+"""Generic test plumbing shared by every test folder.
+
+- ``comm`` fixture: mpi4py's COMM_WORLD (only under ``--with-mpi``; see pytest-mpi).
+- Agreed verdicts: under ``--with-mpi`` each ``@pytest.mark.mpi`` test's outcome is exchanged over a
+  private duplicate of COMM_WORLD (never mixed with test traffic); a rank whose own test passed
+  while another rank failed reports "failed on rank(s) [...]". Exactly one exchange happens per
+  test on every rank (after setup if setup did not pass, else after the call).
+- A default per-test timeout (120 s, pytest-timeout) for tests without their own marker.
+- ``DISTTENSOR_TEST_STATUS_DIR``: each rank writes the nodeid of the running test to
+  ``rank_<k>.current`` there, so ``tests/run_all.py`` can say what a hung run was doing, and a
+  running "passed failed skipped" tally to ``rank_<k>.tally`` (counts survive a killed run).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # lets `pytest tests` work from a plain checkout too
+    sys.path.insert(0, ROOT)
+
+DEFAULT_TEST_TIMEOUT = 120
+_verdict_comm = None
+
+
+def _with_mpi(config) -> bool:
+    try:
+        return bool(config.getoption("with_mpi"))
+    except (ValueError, AttributeError):
+        return False
+
+
+def _rank() -> int:
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def _get_verdict_comm():
+    global _verdict_comm
+    if _verdict_comm is None:
+        from mpi4py import MPI
+
+        _verdict_comm = MPI.COMM_WORLD.Dup()
+    return _verdict_comm
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT))
+
+
+def pytest_runtest_logstart(nodeid, location):
+    status_dir = os.environ.get("DISTTENSOR_TEST_STATUS_DIR")
+    if status_dir:
+        try:
+            with open(os.path.join(status_dir, f"rank_{_rank()}.current"), "w") as f:
+                f.write(nodeid + "\n")
+        except OSError:
+            pass
+
+
+_tally = {"passed": set(), "failed": set(), "skipped": set()}
+
+
+def pytest_runtest_logreport(report):
+    """Running per-rank tally (``rank_<k>.tally``) so a run that dies still reports counts."""
+    status_dir = os.environ.get("DISTTENSOR_TEST_STATUS_DIR")
+    if not status_dir:
+        return
+    nid = report.nodeid
+    if report.failed:
+        _tally["failed"].add(nid)
+        _tally["passed"].discard(nid)
+    elif report.skipped and report.when in ("setup", "call"):
+        _tally["skipped"].add(nid)
+    elif report.when == "call" and report.passed and nid not in _tally["failed"]:
+        _tally["passed"].add(nid)
+    try:
+        with open(os.path.join(status_dir, f"rank_{_rank()}.tally"), "w") as f:
+            f.write(" ".join(str(len(_tally[k])) for k in ("passed", "failed", "skipped")) + "\n")
+    except OSError:
+        pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if item.get_closest_marker("mpi") is None or not _with_mpi(item.config):
+        return
+    if call.when == "setup":
+        if report.passed:
+            return  # the exchange happens after the call phase
+    elif call.when != "call":
+        return
+    comm = _get_verdict_comm()
+    if comm.Get_size() == 1:
+        return
+    failed_all = comm.allgather(bool(report.failed))
+    bad = [r for r, f in enumerate(failed_all) if f]
+    if bad and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = f"failed on rank(s) {bad} (passed on this rank {comm.Get_rank()})"
+    elif bad and report.failed and len(bad) > 1:
+        report.sections.append(("mpi verdict", f"failed on rank(s) {bad}"))
+
+
+@pytest.fixture
+def comm():
+    """mpi4py COMM_WORLD (tests that use it must be marked ``@pytest.mark.mpi``)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
