@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from spmd_rules import (FALLBACK_RULE, DistAttr, ProcessMesh, TensorMeta, get_rule, local_offset,
-                        local_shape)
+from spmd_rules import FALLBACK_RULE, DistAttr, ProcessMesh, TensorMeta, get_rule, local_offset
 
 from ..autograd import _GradMode, record
 from ..ops.registry import KernelCtx, OpDef, commit_inplace
@@ -83,6 +82,20 @@ def _freeze(v: Any):
     return v
 
 
+def _describe(inputs: tuple, mesh: ProcessMesh | None = None) -> str:
+    """Shapes and placements of an op's inputs, for error messages."""
+    parts = []
+    for t in inputs:
+        if t is None:
+            parts.append("None")
+        elif t.is_dist():
+            parts.append(f"shape {list(t.shape)} {t.placements} on mesh {list(t.process_mesh.shape)}"
+                         f" {t.process_mesh.process_ids}")
+        else:
+            parts.append(f"shape {list(t.shape)} dense (joins as Replicate)")
+    return "; ".join(f"input {i}: {p}" for i, p in enumerate(parts))
+
+
 def _mesh_of(op: OpDef, inputs: tuple) -> ProcessMesh:
     mesh = None
     for t in inputs:
@@ -93,8 +106,7 @@ def _mesh_of(op: OpDef, inputs: tuple) -> ProcessMesh:
             elif m is not mesh and m != mesh:
                 raise ValueError(
                     f"{op.name}: inputs live on different meshes {mesh} and {m}; reshard them "
-                    "onto one mesh first (placements "
-                    f"{[None if t is None else t.placements for t in inputs]})")
+                    f"onto one mesh first ({_describe(inputs)})")
     return mesh
 
 
@@ -122,7 +134,11 @@ def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _D
                              for m in metas)
         dec.out_metas = None
     else:
-        res = get_rule(op.rule)(tuple(metas), rule_attrs)
+        try:
+            res = get_rule(op.rule)(tuple(metas), rule_attrs)
+        except (ValueError, TypeError, IndexError) as e:  # same metadata, same error everywhere
+            msg = str(e) if str(e).startswith(op.name) else f"{op.name}: {e}"
+            raise type(e)(f"{msg} (distributed inputs: {_describe(inputs, mesh)})") from e
         dec.in_attrs = res.inputs
         dec.out_metas = tuple(TensorMeta(m.shape, canonical(m.dist_attr)) for m in res.outputs)
     dec.in_metas = tuple(None if m is None else TensorMeta(m.shape, a)
@@ -268,8 +284,8 @@ def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
     out_meta = dec.out_metas[to] if dec.out_metas is not None else None
     if out_meta is not None and tuple(out_meta.shape) != tuple(x.shape):
         raise ValueError(f"{op.name}_: the result shape {list(out_meta.shape)} differs from the "
-                         f"shape {x.shape} of the tensor modified inplace (placements "
-                         f"{[None if t is None else t.placements for t in inputs]})")
+                         f"shape {list(x.shape)} of the tensor modified inplace "
+                         f"({_describe(inputs)})")
     needs_grad = _GradMode.enabled and op.backward is not None and any(
         t is not None and not t.stop_gradient for t in inputs)
     if needs_grad and x._is_view:
