@@ -104,6 +104,15 @@ def _xp(arr):
     return cupy
 
 
+def _dist_apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
+    """Import the distributed dispatcher once, then call it directly (it rebinds this name)."""
+    global _dist_apply
+    from ..dist.dispatch import dist_apply
+
+    _dist_apply = dist_apply
+    return dist_apply(op, inputs, attrs)
+
+
 def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     """Run ``op`` on ``inputs`` (Tensors or None) with keyword ``attrs``; returns Tensor(s)."""
     arrays = []
@@ -114,9 +123,7 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
             continue
         v = t._value
         if type(v) is not DenseTensor:
-            from ..dist.dispatch import dist_apply
-
-            return dist_apply(op, inputs, attrs)
+            return _dist_apply(op, inputs, attrs)
         if first is None:
             first = v.array
         arrays.append(v.array)
