@@ -51,6 +51,8 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
       ``attrs["linear_inputs"]`` (default ``(0,)``) -> output keeps it;
     - ``"unary"``: a single Partial (sum/avg) input -> output keeps it;
     - ``"like"`` (full_like & co.): inputs keep any partial (values unused), output not partial.
+
+    ``attrs["num_outputs"]`` (default 1) outputs all get that layout (dropout's out and mask).
     """
     op = op_name(attrs, "elementwise")
     if not metas or any(m is None for m in metas):
@@ -63,4 +65,4 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     merged = merge_shardings(notations, [m.dist_attr for m in metas], exclude)
     inputs = tuple(layout(n, merged, mesh, p) for n, p in zip(notations, kept))
     out = layout(range(len(out_shape)), merged, mesh, out_partial)
-    return SpmdResult(inputs, (TensorMeta(out_shape, out),))
+    return SpmdResult(inputs, (TensorMeta(out_shape, out),) * int(attrs.get("num_outputs", 1)))

@@ -150,10 +150,9 @@ def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], 
                              allow_partial=False)
     arr = src._value.array
     coord = coord_of(mesh)
+    # a C-contiguous copy of this rank's slice (np.array keeps 0-d arrays 0-d)
     local = empty_piece(arr.shape, arr.dtype, arr) if coord is None else \
-        array_module(arr).ascontiguousarray(arr[local_slices(arr.shape, attr, coord)])
-    if local is arr:
-        local = local.copy()
+        array_module(arr).array(arr[local_slices(arr.shape, attr, coord)], copy=True, order="C")
     sg = src.stop_gradient if stop_gradient is None else bool(stop_gradient)
     from ..nn.layer import Parameter
 

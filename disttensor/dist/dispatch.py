@@ -26,7 +26,7 @@ import numpy as np
 from spmd_rules import FALLBACK_RULE, DistAttr, ProcessMesh, TensorMeta, get_rule, local_offset
 
 from ..autograd import _GradMode, record
-from ..ops.registry import KernelCtx, OpDef, commit_inplace
+from ..ops.registry import DENSE_CTX, KernelCtx, OpDef, commit_inplace
 from ..tensor import DenseTensor, Tensor
 from .api import _replicated_value, reshard_value
 from .dist_tensor import DistTensor, canonical, empty_piece
@@ -64,7 +64,7 @@ class _Decision:
     """Everything about one (op, input layouts, shapes, attrs) that does not depend on data."""
 
     __slots__ = ("in_attrs", "in_metas", "out_metas", "plans", "local_attrs", "fallback", "ctx",
-                 "coord", "views", "keep")
+                 "coord", "views", "keep", "out_dtypes")
 
 
 _DECISIONS: dict = {}
@@ -161,7 +161,44 @@ def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _D
     if op.local_attrs is not None and coord is not None and dec.out_metas is not None:
         dec.local_attrs = op.local_attrs(attrs, dec.in_metas, dec.out_metas, coord)
     dec.keep = key  # keeps the objects whose ids are in the key alive
+    dec.out_dtypes = None
+    if coord is None:
+        _probe_outside(op, dec, inputs, metas, attrs, mesh)
     return dec
+
+
+_PROBE_LIMIT = 1 << 20  # elements: above it, outputs outside the mesh take the inputs' dtype
+
+
+def _probe_outside(op: OpDef, dec: _Decision, inputs: tuple, metas, attrs: dict,
+                   mesh: ProcessMesh) -> None:
+    """On a rank outside the mesh (no piece to compute on), the outputs' dtypes — and for the
+    fallback rule their shapes — come from running the kernel once on zeros of the global
+    shapes (once per decision); large inputs fall back to the first floating input's dtype."""
+    like = [t for t in inputs if t is not None]
+    dtypes = [np.dtype(t.dtype) for t in like]
+    guess = next((d for d in dtypes if d.kind in "fc"), dtypes[0])
+    res = None
+    if sum(int(np.prod(m.shape)) for m in metas if m is not None) <= _PROBE_LIMIT:
+        arrays = [None if m is None else np.zeros(m.shape, dtype=t.dtype)
+                  for t, m in zip(inputs, metas)]
+        try:
+            with np.errstate(all="ignore"):
+                res = op.kernel(np, *arrays, ctx=DENSE_CTX, **attrs) if op.needs_ctx else \
+                    op.kernel(np, *arrays, **attrs)
+            res = (res,) if op.n_out == 1 else tuple(res)
+        except Exception:  # noqa: BLE001 - data the zeros do not satisfy: keep the guess
+            res = None
+    if res is not None:
+        dec.out_dtypes = tuple(np.asarray(r).dtype for r in res)
+        if dec.out_metas is None:
+            dec.out_metas = tuple(TensorMeta(np.shape(r), canonical(DistAttr.replicated(
+                np.ndim(r), mesh.shape))) for r in res)
+    elif dec.out_metas is not None:
+        dec.out_dtypes = (guess,) * len(dec.out_metas)
+    else:
+        raise ValueError(f"{op.name}: cannot tell the outputs of this op (no SPMD rule) on a "
+                         f"rank outside {mesh}; give it a rule ({_describe(inputs, mesh)})")
 
 
 def _decision(op: OpDef, inputs: tuple, attrs: dict) -> tuple[_Decision, ProcessMesh]:
@@ -258,9 +295,8 @@ def _write_back(t: Tensor, local: DenseTensor, attr: DistAttr, mesh: ProcessMesh
 def _empty_outputs(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh):
     """Outputs on a rank outside the mesh: right global shapes and layouts, empty pieces."""
     like = next(t for t in inputs if t is not None)._local_array()
-    metas = dec.out_metas or ()
-    return [Tensor(DistTensor(DenseTensor(empty_piece(m.shape, like.dtype, like)), mesh,
-                              m.dist_attr, m.shape)) for m in metas]
+    return [Tensor(DistTensor(DenseTensor(empty_piece(m.shape, d, like)), mesh, m.dist_attr,
+                              m.shape)) for m, d in zip(dec.out_metas, dec.out_dtypes)]
 
 
 def dist_apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:

@@ -51,7 +51,7 @@ def _embedding_grad_kernel(xp, ids, dout, num_embeddings, padding_idx):
     get nothing)."""
     dweight = xp.zeros((num_embeddings, dout.shape[-1]), dtype=dout.dtype)
     ids_f = ids.reshape(-1)
-    rows = dout.reshape(-1, dout.shape[-1])
+    rows = dout.reshape(ids_f.shape[0], dout.shape[-1])  # not -1: D may be 0 (a sharded piece)
     if padding_idx is not None:
         keep = ids_f != padding_idx
         ids_f, rows = ids_f[keep], rows[keep]

@@ -11,7 +11,7 @@ import numpy as np
 from ..dtype import to_np_dtype
 from ..tensor import Tensor
 from .common import as_tensor, normalize_axes
-from .registry import OPS, apply, register
+from .registry import DENSE_CTX, OPS, apply, register
 
 
 def _keepdim_shape(shape, axes) -> list[int]:
@@ -37,9 +37,18 @@ def _sum_bwd(node, g):
     return _expand_back(g, node)
 
 
-def _extreme_kernel(xp, x, axis, keepdim, reduce_type):
+def _extreme_kernel(xp, x, axis, keepdim, reduce_type, ctx=DENSE_CTX):
     if any(x.shape[a] == 0 for a in axis):
-        raise ValueError(f"{reduce_type}: reducing an empty axis of shape {list(x.shape)}")
+        gshape = ctx.global_shape(0, x.shape)
+        if any(gshape[a] == 0 for a in axis):
+            raise ValueError(f"{reduce_type}: reducing an empty axis of shape {list(gshape)}")
+        # an empty piece of a sharded axis (the output is Partial(max/min)): the identity
+        shape = [1 if d in axis else n for d, n in enumerate(x.shape) if keepdim or d not in axis]
+        if x.dtype.kind == "f":
+            lo, hi = -np.inf, np.inf
+        else:
+            lo, hi = np.iinfo(x.dtype).min, np.iinfo(x.dtype).max
+        return xp.full(shape, lo if reduce_type == "max" else hi, dtype=x.dtype)
     f = xp.max if reduce_type == "max" else xp.min
     return f(x, axis=axis, keepdims=keepdim)
 
@@ -59,11 +68,11 @@ def _extreme_bwd(node, g):
 register("sum", backward=_sum_bwd, rule="reduction",
          rule_attrs={"reduce_type": "sum"})(_sum_kernel)
 register("max", backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
-         rule_attrs={"reduce_type": "max"})(
-    lambda xp, x, axis, keepdim: _extreme_kernel(xp, x, axis, keepdim, "max"))
+         rule_attrs={"reduce_type": "max"}, needs_ctx=True)(
+    lambda xp, x, axis, keepdim, ctx: _extreme_kernel(xp, x, axis, keepdim, "max", ctx))
 register("min", backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
-         rule_attrs={"reduce_type": "min"})(
-    lambda xp, x, axis, keepdim: _extreme_kernel(xp, x, axis, keepdim, "min"))
+         rule_attrs={"reduce_type": "min"}, needs_ctx=True)(
+    lambda xp, x, axis, keepdim, ctx: _extreme_kernel(xp, x, axis, keepdim, "min", ctx))
 
 
 def _arg_kernel(xp, x, axis, keepdim, reduce_type):
