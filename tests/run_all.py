@@ -27,6 +27,9 @@ import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
+# the repository first: tests/launch must not shadow the launch package
+sys.path.insert(0, ROOT)
+from launch import find_mpiexec  # noqa: E402
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -152,8 +155,6 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "pytest", TESTS, *common, f"--junitxml={junit}"]
         rc, timed_out, secs = run_one("single process", cmd, env, args.timeout, d)
         summary.append(_tally("single process", rc, timed_out, secs, _counts(junit, d), d))
-
-    from launch import find_mpiexec
 
     mpiexec = args.mpiexec or find_mpiexec()
     for n in nps:
