@@ -36,6 +36,12 @@ from .reshard import execute, plan_reshard
 __all__ = ["dist_apply", "dist_apply_inplace", "grad_to_leaf_layout", "coverage_report"]
 
 
+def _xp_of(arrays: list):
+    """numpy or cupy, from the first array present."""
+    first = next(a for a in arrays if a is not None)
+    return np if isinstance(first, np.ndarray) else __import__("cupy")
+
+
 class DistKernelCtx(KernelCtx):
     """KernelCtx for this rank's pieces: offsets and global shapes from the required layouts,
     all-reduces over the mesh dims that shard the named axes."""
@@ -202,21 +208,28 @@ def _probe_outside(op: OpDef, dec: _Decision, inputs: tuple, metas, attrs: dict,
 
 
 def _decision(op: OpDef, inputs: tuple, attrs: dict) -> tuple[_Decision, ProcessMesh]:
-    mesh = _mesh_of(op, inputs)
+    """The cached decision for this call; one pass over the inputs builds the key."""
+    mesh = None
     parts = []
     for t in inputs:
         if t is None:
             parts.append(None)
+            continue
+        v = t._value
+        if type(v) is DistTensor:
+            if mesh is None:
+                mesh = v.mesh
+            elif v.mesh is not mesh:
+                mesh = _mesh_of(op, inputs)  # equal meshes pass; different ones raise
+            parts.append((v.shape, id(v.dist_attr)))
         else:
-            v = t._value
-            parts.append((v.shape, id(v.dist_attr)) if type(v) is DistTensor else v.shape)
+            parts.append(v.shape)
+    key = (op, id(mesh), tuple(parts), tuple(attrs.items()) if attrs else ())
     try:
-        akey = tuple(attrs.items())
-        hash(akey)
-    except TypeError:
-        akey = _freeze(attrs)
-    key = (op, id(mesh), tuple(parts), akey)
-    dec = _DECISIONS.get(key)
+        dec = _DECISIONS.get(key)
+    except TypeError:  # unhashable attrs (slices, lists)
+        key = key[:3] + (_freeze(attrs),)
+        dec = _DECISIONS.get(key)
     if dec is None:
         dec = _decide(op, inputs, attrs, mesh, (mesh, [t._value.dist_attr for t in inputs
                                                       if t is not None and t.is_dist()]))
@@ -224,7 +237,7 @@ def _decision(op: OpDef, inputs: tuple, attrs: dict) -> tuple[_Decision, Process
     return dec, mesh
 
 
-def _local_inputs(dec: _Decision, inputs: tuple):
+def _local_inputs(dec: _Decision, inputs: tuple) -> list:
     """Each input's local DenseTensor in its required layout (resharded into a temporary)."""
     locs = []
     for t, plan in zip(inputs, dec.plans):
@@ -243,8 +256,7 @@ def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh) -> list[Te
     """Reshard, run the kernel, write back mutated inputs, wrap the outputs."""
     locs = _local_inputs(dec, inputs)
     arrays = [None if d is None else d.array for d in locs]
-    first = next(a for a in arrays if a is not None)
-    xp = np if type(first) is np.ndarray else __import__("cupy")
+    xp = np if type(arrays[0]) is np.ndarray else _xp_of(arrays)
     if op.needs_ctx:
         res = op.kernel(xp, *arrays, ctx=dec.ctx, **dec.local_attrs)
     else:
