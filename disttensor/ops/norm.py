@@ -159,8 +159,10 @@ def _batch_norm_grad_kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_glo
     the non-channel axes; with ``use_global_stats`` the statistics were constants."""
     red, bshape = _bn_layout(x, data_format)
     xhat = (x - saved_mean.reshape(bshape)) * saved_rstd.reshape(bshape)
-    sum_dy = ctx.allreduce(xp.sum(dout, axis=red), "sum", 0, red)
-    sum_dy_xhat = ctx.allreduce(xp.sum(dout * xhat, axis=red), "sum", 0, red)
+    # both per-channel sums in one all-reduce
+    sums = ctx.allreduce(xp.stack([xp.sum(dout, axis=red), xp.sum(dout * xhat, axis=red)]),
+                         "sum", 0, red)
+    sum_dy, sum_dy_xhat = sums[0], sums[1]
     k = saved_rstd if weight is None else weight * saved_rstd
     k = k.reshape(bshape)
     if use_global_stats:
