@@ -252,8 +252,8 @@ def _local_inputs(dec: _Decision, inputs: tuple) -> list:
     return locs
 
 
-def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh) -> list[Tensor]:
-    """Reshard, run the kernel, write back mutated inputs, wrap the outputs."""
+def _compute(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh) -> tuple:
+    """Reshard, run the kernel and write back mutated inputs: (output arrays, local inputs)."""
     locs = _local_inputs(dec, inputs)
     arrays = [None if d is None else d.array for d in locs]
     xp = np if type(arrays[0]) is np.ndarray else _xp_of(arrays)
@@ -265,10 +265,21 @@ def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh) -> list[Te
         res = (res,)
     for i in op.mutates:
         _write_back(inputs[i], locs[i], dec.in_attrs[i], mesh)
-    out_metas = dec.out_metas
-    if out_metas is None:  # fallback: everything replicated
-        out_metas = tuple(TensorMeta(np.shape(r), DistAttr.replicated(np.ndim(r), mesh.shape))
-                          for r in res)
+    return res, locs
+
+
+def _out_metas(dec: _Decision, res: tuple, mesh: ProcessMesh) -> tuple:
+    if dec.out_metas is not None:
+        return dec.out_metas
+    # the fallback rule: everything replicated
+    return tuple(TensorMeta(np.shape(r), canonical(DistAttr.replicated(np.ndim(r), mesh.shape)))
+                 for r in res)
+
+
+def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh) -> list[Tensor]:
+    """Compute, then wrap the outputs (views share the piece the kernel read)."""
+    res, locs = _compute(op, dec, inputs, mesh)
+    out_metas = _out_metas(dec, res, mesh)
     views = dec.views
     outs = []
     for slot, arr in enumerate(res):
@@ -341,15 +352,18 @@ def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
     node = record(op, attrs, inputs, [None] * len(dec.out_metas or (None,))) if needs_grad \
         else None
     if dec.coord is not None:
-        outs = _run(op, dec, inputs, mesh)
-        res = outs[to]._value
-        if x.is_dist():
-            xv = x._value
-            new = reshard_value(res, xv.mesh, xv.dist_attr)
-            xv.local.array[...] = new.local.array
+        res, _ = _compute(op, dec, inputs, mesh)
+        meta = _out_metas(dec, res, mesh)[to]
+        xv = x._value
+        if type(xv) is DistTensor and meta.dist_attr is xv.dist_attr:
+            xv.local.array[...] = res[to]  # already in the target's layout
         else:
-            rep = reshard_value(res, mesh, DistAttr.replicated(x.ndim, mesh.shape))
-            x._value.array[...] = rep.local.array
+            out = DistTensor(DenseTensor(res[to]), mesh, meta.dist_attr, meta.shape)
+            if type(xv) is DistTensor:
+                xv.local.array[...] = reshard_value(out, xv.mesh, xv.dist_attr).local.array
+            else:  # a dense target stays dense: it takes the replicated value
+                rep = reshard_value(out, mesh, DistAttr.replicated(x.ndim, mesh.shape))
+                xv.array[...] = rep.local.array
     commit_inplace(op, x, node)
     return x
 
