@@ -112,33 +112,33 @@ class Uniform(Initializer):
         return default_generator.rng.uniform(self.low, self.high, shape).astype(dtype)
 
 
-class XavierUniform(Initializer):
-    """U[-a, a] with ``a = gain * sqrt(6 / (fan_in + fan_out))`` (Paddle's default for weights)."""
+class _Xavier(Initializer):
+    """Shared fan handling of the Xavier initializers (fans from the shape unless given)."""
 
     def __init__(self, fan_in: float | None = None, fan_out: float | None = None,
                  gain: float = 1.0):
         self.fan_in, self.fan_out, self.gain = fan_in, fan_out, float(gain)
 
-    def sample(self, shape, dtype):
+    def _fan_sum(self, shape) -> float:
         fi, fo = _fans(shape)
         fi = fi if self.fan_in is None else self.fan_in
         fo = fo if self.fan_out is None else self.fan_out
-        limit = self.gain * math.sqrt(6.0 / max(fi + fo, 1))
+        return max(fi + fo, 1)
+
+
+class XavierUniform(_Xavier):
+    """U[-a, a] with ``a = gain * sqrt(6 / (fan_in + fan_out))`` (Paddle's default for weights)."""
+
+    def sample(self, shape, dtype):
+        limit = self.gain * math.sqrt(6.0 / self._fan_sum(shape))
         return default_generator.rng.uniform(-limit, limit, shape).astype(dtype)
 
 
-class XavierNormal(Initializer):
+class XavierNormal(_Xavier):
     """N(0, std**2) with ``std = gain * sqrt(2 / (fan_in + fan_out))``."""
 
-    def __init__(self, fan_in: float | None = None, fan_out: float | None = None,
-                 gain: float = 1.0):
-        self.fan_in, self.fan_out, self.gain = fan_in, fan_out, float(gain)
-
     def sample(self, shape, dtype):
-        fi, fo = _fans(shape)
-        fi = fi if self.fan_in is None else self.fan_in
-        fo = fo if self.fan_out is None else self.fan_out
-        std = self.gain * math.sqrt(2.0 / max(fi + fo, 1))
+        std = self.gain * math.sqrt(2.0 / self._fan_sum(shape))
         return default_generator.rng.normal(0.0, std, shape).astype(dtype)
 
 
