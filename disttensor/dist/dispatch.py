@@ -69,13 +69,12 @@ class DistKernelCtx(KernelCtx):
 class _Decision:
     """Everything about one (op, input layouts, shapes, attrs) that does not depend on data."""
 
-    __slots__ = ("in_attrs", "in_metas", "out_metas", "plans", "local_attrs", "fallback", "ctx",
-                 "coord", "views", "keep", "out_dtypes")
+    __slots__ = ("in_attrs", "in_metas", "out_metas", "plans", "local_attrs", "ctx", "coord",
+                 "views", "keep", "out_dtypes")
 
 
 _DECISIONS: dict = {}
-_WARNED: set = set()
-_FALLBACK_OPS: set = set()
+_WARNED: set = set()  # ops whose fallback warning was given
 
 
 def _freeze(v: Any):
@@ -127,11 +126,9 @@ def _decide(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh, key) -> _D
             metas.append(TensorMeta(tuple(t._value.shape),
                                     DistAttr.replicated(t.ndim, mesh.shape)))
     dec = _Decision()
-    dec.fallback = op.rule == FALLBACK_RULE
     extra = op.rule_attrs(attrs) if callable(op.rule_attrs) else op.rule_attrs
     rule_attrs = {**extra, **attrs, "op": op.name}
-    if dec.fallback:
-        _FALLBACK_OPS.add(op.name)
+    if op.rule == FALLBACK_RULE:
         if op.name not in _WARNED:
             _WARNED.add(op.name)
             warnings.warn(f"{op.name} has no SPMD rule yet: its inputs are gathered to Replicate "
