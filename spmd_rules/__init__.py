@@ -4,8 +4,8 @@ Imports only the standard library. A rule is ``infer_forward(metas, attrs) -> Sp
 registered by name in :data:`RULES` (see :func:`get_rule`). Rule names: elementwise, matmul,
 reduction, softmax, layer_norm, layer_norm_grad, batch_norm, batch_norm_grad, embedding,
 embedding_grad, cross_entropy, cross_entropy_grad, reshape, squeeze, unsqueeze, flatten,
-transpose, slice, slice_grad, concat, stack, split, gather, gather_grad, one_hot, tile, expand
-and the fallback ``replicated``.
+transpose, slice, slice_grad, set_value, concat, stack, split, gather, gather_grad, one_hot, tile,
+expand and the fallback ``replicated``.
 
 Runtime contract (what the dispatcher does with a result, on the coordinate ``coord`` of this
 rank in the mesh):

@@ -5,8 +5,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, register_rule, require
+from .dist_attr import DistAttr
 
-__all__ = ["transpose", "slice_", "slice_grad", "parse_index"]
+__all__ = ["transpose", "slice_", "slice_grad", "set_value", "parse_index"]
 
 
 @register_rule("transpose")
@@ -107,3 +108,28 @@ def slice_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> 
         if keep[k]:
             dx_map[a] = required.dims_mapping[k]
     return SpmdResult((required,), (TensorMeta(input_shape, da.with_dims_mapping(dx_map)),))
+
+
+@register_rule("set_value")
+def set_value(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x, value), attrs index: x with ``x[index] = value`` (value broadcast numpy-style
+    to the indexed region). As for slicing, axes of x taken by an int or a partial slice are
+    required Replicate and full-range axes keep their sharding; each value dim that spans its
+    region dim follows that dim's sharding, a broadcast (size-1) dim is replicated. Partial
+    inputs are resolved. The output has x's required layout."""
+    op = op_name(attrs, "set_value")
+    require(metas, op, 2)
+    x, value = metas
+    mesh = mesh_shape_of(op, metas)
+    region, src, full = parse_index(op, attrs.get("index", ()), x.shape)
+    xa = x.dist_attr.without_partial()
+    required = xa.with_dims_mapping([dm if f else () for dm, f in zip(xa.dims_mapping, full)])
+    region_map = [() if a is None else required.dims_mapping[a] for a in src]
+    lead = len(region) - value.ndim
+    if lead < 0 or any(n not in (1, region[lead + i]) for i, n in enumerate(value.shape)):
+        raise ValueError(f"{op}: value of shape {value.shape} cannot be broadcast to the indexed "
+                         f"region of shape {region} (x shape {x.shape})")
+    value_map = [region_map[lead + i] if n == region[lead + i] else ()
+                 for i, n in enumerate(value.shape)]
+    value_attr = DistAttr(tuple(mesh), tuple(value_map))
+    return SpmdResult((required, value_attr), (TensorMeta(x.shape, required),))

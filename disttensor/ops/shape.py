@@ -193,7 +193,7 @@ def _set_value_bwd(node, g):
     return gx, gv
 
 
-register("set_value", backward=_set_value_bwd, rule="replicated", inplace=(0, 0))(
+register("set_value", backward=_set_value_bwd, rule="set_value", inplace=(0, 0))(
     _set_value_kernel)
 
 
@@ -437,4 +437,5 @@ def _slice_grad_local(attrs, in_metas, out_metas, coord):
 OPS["reshape"].local_attrs = _local_out_shape
 OPS["expand"].local_attrs = _local_out_shape
 OPS["slice"].local_attrs = _slice_local
+OPS["set_value"].local_attrs = _slice_local
 OPS["slice_grad"].local_attrs = _slice_grad_local

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from spmd_rules import (RULES, DistAttr, Partial, Replicate, Shard, TensorMeta, get_rule,
                         local_shape, register_rule, rule_coverage)
-from rules_util import meta, run, simulate
+from rules_util import check_output, meta, pieces_of, run, simulate
 
 S, R, P = Shard, Replicate, Partial
 
@@ -42,6 +42,33 @@ def test_slice_grad():
     with pytest.raises(ValueError, match="slice_grad.*dout"):
         run("slice_grad", meta((4, 1, 3), [R()]), index=(slice(0, 4, 1), None, 2, slice(1, 8, 2)),
             input_shape=(4, 6, 8))
+
+
+def test_set_value():
+    x = meta((4, 6, 8), [S(0), S(2)], (2, 2))
+    v = meta((4, 3), [R(), R()], (2, 2))
+    index = (slice(0, 4, 1), 2, slice(1, 7, 2))
+    r = run("set_value", x, v, index=index)
+    assert r.inputs[0].dims_mapping == ((0,), (), ())          # partial slice on dim 2: gathered
+    assert r.inputs[1].dims_mapping == ((0,), ())              # value follows region dim 0
+    assert r.outputs[0].shape == (4, 6, 8) and r.outputs[0].dist_attr == r.inputs[0]
+    # a broadcast (size-1) value dim stays replicated
+    r = run("set_value", x, meta((1, 3), [R(), R()], (2, 2)), index=index)
+    assert r.inputs[1].dims_mapping == ((), ())
+    # numeric check on every coordinate: the local assignment gives the output's local piece
+    g, val = np.arange(4 * 6 * 8.0).reshape(4, 6, 8), -np.arange(12.0).reshape(4, 3)
+    expected = g.copy()
+    expected[index] = val
+    r = run("set_value", x, v, index=index)
+    xs, vs = pieces_of(g, r.inputs[0]), pieces_of(val, r.inputs[1])
+    out = {}
+    for c, piece in xs.items():
+        local = tuple(slice(None) if dm else it for dm, it in zip(r.inputs[0].dims_mapping, index))
+        out[c] = piece.copy()
+        out[c][local] = vs[c]
+    check_output(r.outputs[0], out, expected)
+    with pytest.raises(ValueError, match="set_value.*broadcast"):
+        run("set_value", x, meta((5, 3), [R(), R()], (2, 2)), index=index)
 
 
 def test_concat_stack_split():
