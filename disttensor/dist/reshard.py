@@ -261,7 +261,7 @@ def _run_step(step: Step, arr, shape, mesh: ProcessMesh, coord):
     n = mesh.shape[m] if m is not None else 1
     if k == "all_gather":
         parent = _extent(shape, step.before, coord, step.tensor_dim, without=m)
-        return _all_gather(group_along(mesh, m), arr, step.tensor_dim, _sizes(parent, n))
+        return group_along(mesh, m).all_gather(arr, axis=step.tensor_dim, sizes=_sizes(parent, n))
     if k == "reduce_scatter":
         return group_along(mesh, m).reduce_scatter(arr, step.reduce_type, axis=step.tensor_dim)
     if k == "all_to_all":
@@ -294,29 +294,6 @@ def _run_step(step: Step, arr, shape, mesh: ProcessMesh, coord):
                 else arr * 0 + (1 if r == "prod" else 0)
         return arr.copy()
     raise AssertionError(k)
-
-
-def _all_gather(group, arr, d: int, sizes: list[int]):
-    """All-gather along tensor dim ``d``. For ``d > 0`` the contiguous local buffer travels as
-    is (flat, along axis 0) and the pieces are interleaved into place once on arrival: one copy
-    in all, where gathering along ``d`` directly moves the axis to the front and back (two)."""
-    outer = int(np.prod(arr.shape[:d], dtype=np.int64))
-    if d == 0 or outer == 1:
-        return group.all_gather(arr, axis=d, sizes=sizes)
-    xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
-    inner = int(np.prod(arr.shape[d + 1:], dtype=np.int64))
-    flat = xp.ascontiguousarray(arr).reshape(-1)
-    buf = group.all_gather(flat, axis=0, sizes=[outer * s * inner for s in sizes])
-    out_shape = list(arr.shape)
-    out_shape[d] = sum(sizes)
-    out = xp.empty(out_shape, dtype=arr.dtype)
-    out3 = out.reshape(outer, sum(sizes), inner)
-    pos = off = 0
-    for s in sizes:
-        out3[:, off:off + s, :] = buf[pos:pos + outer * s * inner].reshape(outer, s, inner)
-        pos += outer * s * inner
-        off += s
-    return out
 
 
 def _identity(reduce_type: str, dtype):
