@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .autograd import no_grad
-from .ops import add, add_, divide, multiply, scale, scale_, sqrt, subtract_, zeros_like
+from .ops import OPS, add, add_, apply, scale, scale_, subtract_, zeros_like
+from .ops.common import as_tensor
 from .tensor import Tensor, to_tensor
 
 __all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW"]
@@ -161,6 +162,10 @@ class SGD(Optimizer):
         super().__init__(learning_rate, parameters, weight_decay)
 
     def _update(self, p, g, lr):
+        if not self._momentum:  # the fused kernel: one op per parameter
+            apply(OPS["sgd_update"], (p, g, as_tensor(lr, p)),
+                  {"l2": self._weight_decay or 0.0})
+            return
         g = self._l2(p, g)
         if self._momentum:
             v = self._acc("velocity", p)
@@ -199,17 +204,18 @@ class Adam(Optimizer):
         super().__init__(learning_rate, parameters, weight_decay)
 
     def _update(self, p, g, lr):
-        self._adam(p, self._l2(p, g), lr)
+        self._adam(p, g, lr, l2=self._weight_decay or 0.0)
 
-    def _adam(self, p, g, lr):
+    def _adam(self, p, g, lr, l2=0.0, decay=1.0):
+        """One fused Adam step (``adam_update``): moments and parameter updated in place."""
         b1, b2 = self._beta1, self._beta2
         m, v = self._acc("moment1", p), self._acc("moment2", p)
         pows = self._beta_pows.get(id(p), (1.0, 1.0))
         pow1, pow2 = self._beta_pows[id(p)] = (pows[0] * b1, pows[1] * b2)
-        add_(scale_(m, b1), scale(g, 1.0 - b1))
-        add_(scale_(v, b2), scale(multiply(g, g), 1.0 - b2))
-        denom = scale(sqrt(v), 1.0 / math.sqrt(1.0 - pow2), self._epsilon)
-        subtract_(p, scale(divide(m, denom), lr / (1.0 - pow1)))
+        scalars = (as_tensor(lr / (1.0 - pow1), p), as_tensor(1.0 / math.sqrt(1.0 - pow2), p),
+                   as_tensor(decay, p))
+        apply(OPS["adam_update"], (p, g, m, v) + scalars,
+              {"beta1": b1, "beta2": b2, "epsilon": self._epsilon, "l2": l2})
 
     def _extra_state(self, p):
         pows = self._beta_pows.get(id(p))
@@ -240,7 +246,6 @@ class AdamW(Adam):
 
     def _update(self, p, g, lr):
         wd = self._weight_decay
-        if wd and (self._apply_decay_param_fun is None
-                   or self._apply_decay_param_fun(p._label())):
-            scale_(p, 1.0 - lr * wd)
-        self._adam(p, g, lr)
+        decays = wd and (self._apply_decay_param_fun is None
+                         or self._apply_decay_param_fun(p._label()))
+        self._adam(p, g, lr, decay=1.0 - lr * wd if decays else 1.0)

@@ -4,7 +4,7 @@ Each family module registers its ops (kernel, backward, rule, view/inplace pairs
 :data:`registry.OPS` next to their definitions."""
 from __future__ import annotations
 
-from . import creation, elementwise, matmul as _matmul_mod, reduction, shape
+from . import creation, elementwise, matmul as _matmul_mod, optim, reduction, shape
 from .activation import log_softmax, softmax
 from .creation import arange, full, numel, ones, rand, randn, seed, uniform, zeros
 from .elementwise import (abs, add, add_, assign, cast, clip, clip_, divide, divide_, equal, exp,

@@ -154,6 +154,11 @@ FORWARD_ONLY: dict[str, list] = {
                 lambda rng: ([_ints(rng, 3, 2, 3)], {"num_classes": 3})],
     "detach": [lambda rng: ([_n(rng, 5, 7)], {})],
     "minmax_mask": [lambda rng: ([_distinct(rng, 5, 7), _n(rng, 7)], {"pick": "maximum"})],
+    # fused optimizer steps: parameter and moments are mutated (compared like running stats)
+    "adam_update": [lambda rng: ([_n(rng, 5, 3), _n(rng, 5, 3), _n(rng, 5, 3), rng.random((5, 3)),
+                                  np.array(0.1), np.array(1.2), np.array(0.99)],
+                                 {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "l2": 0.01})],
+    "sgd_update": [lambda rng: ([_n(rng, 7, 3), _n(rng, 7, 3), np.array(0.1)], {"l2": 0.0})],
 }
 
 # Ops whose argument handling needs the attrs the public function adds (FORWARD samples
