@@ -125,6 +125,13 @@ def _bn_layout(x, data_format):
     return red, tuple(bshape)
 
 
+def _channel_dot(xp, a, b, red: tuple[int, ...]):
+    """Per-channel sum of ``a * b`` over the axes ``red`` in one pass (no temporary)."""
+    letters = "abcdefghij"[:a.ndim]
+    keep = "".join(letters[i] for i in range(a.ndim) if i not in red)
+    return xp.einsum(f"{letters},{letters}->{keep}", a, b)
+
+
 def _batch_norm_kernel(xp, x, running_mean, running_var, weight, bias, training, momentum,
                        epsilon, data_format, ctx):
     """``training``: normalize with the batch statistics and update the running ones in place;
@@ -136,7 +143,7 @@ def _batch_norm_kernel(xp, x, running_mean, running_var, weight, bias, training,
         count = _prod(gshape[a] for a in red)
         mean = ctx.allreduce(xp.sum(x, axis=red), "sum", 0, red) / count
         xc = x - mean.reshape(bshape)
-        var = ctx.allreduce(xp.sum(xc * xc, axis=red), "sum", 0, red) / count
+        var = ctx.allreduce(_channel_dot(xp, xc, xc, red), "sum", 0, red) / count
         running_mean[...] = momentum * running_mean + (1.0 - momentum) * mean
         running_var[...] = momentum * running_var + (1.0 - momentum) * var
     else:
@@ -144,11 +151,10 @@ def _batch_norm_kernel(xp, x, running_mean, running_var, weight, bias, training,
         var = running_var.astype(x.dtype, copy=False)
         xc = x - mean.reshape(bshape)
     rstd = 1.0 / xp.sqrt(var + epsilon)
-    out = xc * rstd.reshape(bshape)
-    if weight is not None:
-        out = out * weight.reshape(bshape)
+    scale = rstd if weight is None else rstd * weight  # per channel: one pass over x below
+    out = xc * scale.reshape(bshape)
     if bias is not None:
-        out = out + bias.reshape(bshape)
+        out += bias.reshape(bshape)
     return out.astype(x.dtype, copy=False), running_mean, running_var, mean, rstd
 
 
@@ -160,16 +166,16 @@ def _batch_norm_grad_kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_glo
     red, bshape = _bn_layout(x, data_format)
     xhat = (x - saved_mean.reshape(bshape)) * saved_rstd.reshape(bshape)
     # both per-channel sums in one all-reduce
-    sums = ctx.allreduce(xp.stack([xp.sum(dout, axis=red), xp.sum(dout * xhat, axis=red)]),
+    sums = ctx.allreduce(xp.stack([xp.sum(dout, axis=red), _channel_dot(xp, dout, xhat, red)]),
                          "sum", 0, red)
     sum_dy, sum_dy_xhat = sums[0], sums[1]
     k = saved_rstd if weight is None else weight * saved_rstd
-    k = k.reshape(bshape)
-    if use_global_stats:
-        dx = dout * k
-    else:
+    dx = dout * k.reshape(bshape)
+    if not use_global_stats:
+        # dx = k * (dout - (sum_dy + xhat * sum_dy_xhat) / count), with per-channel factors
         count = _prod(ctx.global_shape(0, x.shape)[a] for a in red)
-        dx = k * (dout - (sum_dy.reshape(bshape) + xhat * sum_dy_xhat.reshape(bshape)) / count)
+        dx -= xhat * (k * sum_dy_xhat / count).reshape(bshape)
+        dx -= (k * sum_dy / count).reshape(bshape)
     return dx.astype(x.dtype, copy=False), sum_dy_xhat, sum_dy
 
 
