@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Optional, Sequence
 
 from ._common import (
@@ -102,10 +103,13 @@ def _install_failure_policy() -> None:
     def _abort(tb_text: str) -> None:
         try:
             rank = MPI.COMM_WORLD.Get_rank()
-            sys.stderr.write(f"[disttensor] unhandled exception on rank {rank}; aborting the MPI job\n")
-            sys.stderr.write(tb_text)
-            sys.stderr.flush()
             sys.stdout.flush()
+            sys.stderr.flush()
+            # one unbuffered write, then a moment for the process manager to forward it: the
+            # abort tears down the output pipes, and text still in them would be lost
+            os.write(2, (f"[disttensor] unhandled exception on rank {rank}; aborting the MPI "
+                         f"job\n{tb_text}").encode(errors="replace"))
+            time.sleep(0.2)
         finally:
             try:
                 MPI.COMM_WORLD.Abort(1)
