@@ -295,20 +295,24 @@ def _run(op: OpDef, dec: _Decision, inputs: tuple, mesh: ProcessMesh) -> list[Te
     return outs
 
 
+def _store_into(t: Tensor, src: DistTensor) -> None:
+    """Write ``src``'s value into ``t``'s own buffer in ``t``'s own layout (a dense ``t`` takes
+    the replicated value)."""
+    v = t._value
+    if type(v) is DistTensor:
+        target, attr = v.local, v.dist_attr
+    else:
+        target, attr = v, DistAttr.replicated(len(src.shape), src.mesh.shape)
+    target.array[...] = reshard_value(src, src.mesh, attr).local.array
+
+
 def _write_back(t: Tensor, local: DenseTensor, attr: DistAttr, mesh: ProcessMesh) -> None:
     """After a kernel wrote into ``local`` (``t``'s piece, possibly a resharded temporary),
     make ``t`` hold the new value in its own layout and bump its version."""
-    v = t._value if t.is_dist() else None
-    own = v.local if v is not None else t._value
+    own = t._local_dense()
     if local is not own:
         local.holder.version += 1
-        if v is not None:
-            src = DistTensor(local, mesh, attr, v.shape)
-            own.array[...] = reshard_value(src, mesh, v.dist_attr).local.array
-        else:
-            rep = reshard_value(DistTensor(local, mesh, attr, tuple(own.array.shape)), mesh,
-                                DistAttr.replicated(own.array.ndim, mesh.shape))
-            own.array[...] = rep.local.array
+        _store_into(t, DistTensor(local, mesh, attr, tuple(t._value.shape)))
     own.holder.version += 1
 
 
@@ -332,8 +336,9 @@ def dist_apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     return outs[0] if op.n_out == 1 else tuple(outs)
 
 
-def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
-    """The inplace variant on distributed tensors: the target keeps its layout and identity."""
+def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict, needs_grad: bool) -> Tensor:
+    """The inplace variant on distributed tensors: the target keeps its layout and identity
+    (``apply_inplace`` has checked the target and decided whether to record a grad node)."""
     ti, to = op.inplace
     x = inputs[ti]
     dec, mesh = _decision(op, inputs, attrs)
@@ -342,10 +347,6 @@ def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
         raise ValueError(f"{op.name}_: the result shape {list(out_meta.shape)} differs from the "
                          f"shape {list(x.shape)} of the tensor modified inplace "
                          f"({_describe(inputs)})")
-    needs_grad = _GradMode.enabled and op.backward is not None and any(
-        t is not None and not t.stop_gradient for t in inputs)
-    if needs_grad and x._is_view:
-        raise ValueError(f"{op.name}_: inplace update of a view that needs grad is not supported")
     node = record(op, attrs, inputs, [None] * len(dec.out_metas or (None,))) if needs_grad \
         else None
     if dec.coord is not None:
@@ -355,12 +356,7 @@ def dist_apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
         if type(xv) is DistTensor and meta.dist_attr is xv.dist_attr:
             xv.local.array[...] = res[to]  # already in the target's layout
         else:
-            out = DistTensor(DenseTensor(res[to]), mesh, meta.dist_attr, meta.shape)
-            if type(xv) is DistTensor:
-                xv.local.array[...] = reshard_value(out, xv.mesh, xv.dist_attr).local.array
-            else:  # a dense target stays dense: it takes the replicated value
-                rep = reshard_value(out, mesh, DistAttr.replicated(x.ndim, mesh.shape))
-                xv.array[...] = rep.local.array
+            _store_into(x, DistTensor(DenseTensor(res[to]), mesh, meta.dist_attr, meta.shape))
     commit_inplace(op, x, node)
     return x
 

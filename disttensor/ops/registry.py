@@ -97,7 +97,7 @@ def register(name: str, **spec: Any) -> Callable[[Callable], Callable]:
 
 
 def _xp(arr):
-    if type(arr) is np.ndarray or isinstance(arr, np.ndarray):
+    if isinstance(arr, np.ndarray):
         return np
     import cupy
 
@@ -179,10 +179,16 @@ def apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
     ti, to = op.inplace
     x = inputs[ti]
     check_inplace_target(op, x)
-    if x.is_dist() or any(t is not None and t.is_dist() for t in inputs):
+    needs_grad = _GradMode.enabled and op.backward is not None and any(
+        t is not None and not t.stop_gradient for t in inputs)
+    if needs_grad and x._is_view:
+        raise ValueError(f"{op.name}_: inplace update of a view that needs grad is not supported "
+                         "(the gradient could not reach the viewed base); apply the op to the "
+                         "base tensor or use the out-of-place op")
+    if any(t is not None and t.is_dist() for t in inputs):
         from ..dist.dispatch import dist_apply_inplace
 
-        return dist_apply_inplace(op, inputs, attrs)
+        return dist_apply_inplace(op, inputs, attrs, needs_grad)
     arrays = [None if t is None else t._value.array for t in inputs]
     if op.needs_ctx:
         res = op.kernel(_xp(arrays[ti]), *arrays, ctx=DENSE_CTX, **attrs)
@@ -193,12 +199,6 @@ def apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
     if out.shape != target.shape:
         raise ValueError(f"{op.name}_: the result shape {list(out.shape)} differs from the shape "
                          f"{list(target.shape)} of the tensor modified inplace")
-    needs_grad = _GradMode.enabled and op.backward is not None and any(
-        t is not None and not t.stop_gradient for t in inputs)
-    if needs_grad and x._is_view:
-        raise ValueError(f"{op.name}_: inplace update of a view that needs grad is not supported "
-                         "(the gradient could not reach the viewed base); apply the op to the "
-                         "base tensor or use the out-of-place op")
     node = record(op, attrs, inputs, [None] * op.n_out) if needs_grad else None
     if out is not target:
         target[...] = out
