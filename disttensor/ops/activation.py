@@ -9,7 +9,7 @@ import numpy as np
 from ..dtype import to_np_dtype
 from ..tensor import Tensor
 from .common import as_tensor, normalize_axis
-from .registry import OPS, apply, register
+from .registry import OPS, apply, grad_op_backward, register
 
 
 def _shifted(xp, x, axis):
@@ -41,15 +41,9 @@ def _log_softmax_grad_kernel(xp, out, dout, axis):
     return dout - xp.exp(out) * xp.sum(dout, axis=axis, keepdims=True)
 
 
-def _grad_bwd(grad_op: str):
-    def bwd(node, g):
-        return apply(OPS[grad_op], (node.saved_tensor(0), g), {"axis": node.attrs["axis"]})
-    return bwd
-
-
-register("softmax", backward=_grad_bwd("softmax_grad"), rule="softmax",
+register("softmax", backward=grad_op_backward("softmax_grad"), rule="softmax",
          save_outputs=(0,))(_softmax_kernel)
-register("log_softmax", backward=_grad_bwd("log_softmax_grad"), rule="softmax",
+register("log_softmax", backward=grad_op_backward("log_softmax_grad"), rule="softmax",
          save_outputs=(0,))(_log_softmax_kernel)
 
 

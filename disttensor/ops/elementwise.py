@@ -10,7 +10,7 @@ import numpy as np
 from ..dtype import to_np_dtype
 from ..tensor import Tensor
 from .common import as_tensor, sum_to_shape
-from .registry import OPS, apply, apply_inplace, register
+from .registry import OPS, apply, apply_inplace, grad_op_backward, register
 
 # -- binary arithmetic -------------------------------------------------------------------------
 
@@ -100,13 +100,9 @@ register("logical_not", rule="elementwise")(lambda xp, x: xp.logical_not(x))
 def _unary(name: str, kernel, grad_kernel=None, save: str = "out", linear: bool = False,
            inplace: bool = False):
     """Register ``name`` and, when it has a gradient, ``name_grad(saved, dout)`` (elementwise)."""
-    bwd = None
     if grad_kernel is not None:
-        grad_op = f"{name}_grad"
-        register(grad_op, rule="elementwise")(grad_kernel)
-
-        def bwd(node, g, _op=grad_op):
-            return apply(OPS[_op], (node.saved_tensor(0), g), {})
+        register(f"{name}_grad", rule="elementwise")(grad_kernel)
+    bwd = None if grad_kernel is None else grad_op_backward(f"{name}_grad")
     register(name, backward=bwd, rule="elementwise",
              save_inputs=(0,) if save == "x" and grad_kernel else (),
              save_outputs=(0,) if save == "out" and grad_kernel else (),
@@ -165,11 +161,7 @@ _unary("silu", lambda xp, x: x * _sigmoid(xp, x),
        lambda xp, x, g: g * _sigmoid(xp, x) * (1.0 + x * (1.0 - _sigmoid(xp, x))), save="x")
 
 
-def _gelu_bwd(node, g):
-    return apply(OPS["gelu_grad"], (node.saved_tensor(0), g), node.attrs)
-
-
-register("gelu", backward=_gelu_bwd, rule="elementwise", save_inputs=(0,))(_gelu)
+register("gelu", backward=grad_op_backward("gelu_grad"), rule="elementwise", save_inputs=(0,))(_gelu)
 register("gelu_grad", rule="elementwise")(_gelu_grad)
 # The neg op is linear: its backward is neg itself.
 OPS["neg"].backward = lambda node, g: neg(g)
@@ -214,8 +206,7 @@ def _clip_grad_kernel(xp, out, g, min=None, max=None):
     return g * m
 
 
-register("clip", backward=lambda node, g: apply(OPS["clip_grad"], (node.saved_tensor(0), g),
-                                                node.attrs),
+register("clip", backward=grad_op_backward("clip_grad"),
          rule="elementwise", inplace=(0, 0), save_outputs=(0,))(_clip_kernel)
 register("clip_grad", rule="elementwise")(_clip_grad_kernel)
 

@@ -26,7 +26,8 @@ import numpy as np
 from ..autograd import _GradMode, record
 from ..tensor import DenseTensor, Tensor
 
-__all__ = ["OpDef", "register", "OPS", "apply", "apply_inplace", "to_leaf_layout"]
+__all__ = ["OpDef", "register", "OPS", "apply", "apply_inplace", "grad_op_backward",
+           "to_leaf_layout"]
 
 
 @dataclass(eq=False)
@@ -94,6 +95,14 @@ def register(name: str, **spec: Any) -> Callable[[Callable], Callable]:
         OPS[name] = OpDef(name=name, kernel=kernel, **spec)
         return kernel
     return deco
+
+
+def grad_op_backward(grad_op: str) -> Callable:
+    """A backward that runs the registered ``grad_op`` on (the first saved value, dout) with
+    the forward's attrs (relu_grad, gelu_grad, clip_grad, softmax_grad, ...)."""
+    def backward(node, g):
+        return apply(OPS[grad_op], (node.saved_tensor(0), g), node.attrs)
+    return backward
 
 
 def _xp(arr):
