@@ -85,6 +85,17 @@ def _back(buf: np.ndarray, axis: int, out):
     return np.asarray(moved, order="C")
 
 
+def _p2p(call, buf: np.ndarray, peer: int, tag: int) -> None:
+    """``comm.Send`` / ``comm.Recv`` of a C-contiguous ``buf``, in chunks past MAX_COUNT."""
+    T = mpi_type(buf.dtype)
+    if _too_big(buf.size):
+        bf = buf.reshape(-1)
+        for a, b in _chunks(buf.size):
+            call([bf[a:b], T], peer, tag)
+    else:
+        call([buf, T], peer, tag)
+
+
 def _reduce_setup(dtype, op):
     """(working dtype, MPI op): float16 reduces in float32; bool uses logical ops."""
     dt = np.dtype(dtype)
@@ -356,13 +367,7 @@ class MPIGroup(ProcessGroup):
 
     def np_send(self, x, dst, tag):
         buf = np.asarray(x, order="C")
-        T = mpi_type(buf.dtype)
-        if _too_big(buf.size):
-            bf = buf.reshape(-1)
-            for a, b in _chunks(buf.size):
-                self.comm.Send([bf[a:b], T], dest=dst, tag=tag)
-        else:
-            self.comm.Send([buf, T], dest=dst, tag=tag)
+        _p2p(self.comm.Send, buf, dst, tag)
 
     def _recv(self, shape, dtype, src, tag, want_cupy, out):
         if want_cupy:
@@ -371,13 +376,7 @@ class MPIGroup(ProcessGroup):
 
     def np_recv(self, shape, dtype, src, tag, out):
         buf = out if out is not None else np.empty(shape, dtype=dtype)
-        T = mpi_type(dtype)
-        if _too_big(buf.size):
-            bf = buf.reshape(-1)
-            for a, b in _chunks(buf.size):
-                self.comm.Recv([bf[a:b], T], source=src, tag=tag)
-        else:
-            self.comm.Recv([buf, T], source=src, tag=tag)
+        _p2p(self.comm.Recv, buf, src, tag)
         return buf
 
     def _barrier(self):

@@ -142,28 +142,29 @@ class XavierNormal(_Xavier):
         return default_generator.rng.normal(0.0, std, shape).astype(dtype)
 
 
-class KaimingUniform(Initializer):
-    """U[-a, a] with ``a = gain * sqrt(3 / fan_in)``, gain from ``nonlinearity``."""
+class _Kaiming(Initializer):
+    """Shared fan-in and gain of the Kaiming initializers."""
 
     def __init__(self, fan_in: float | None = None, negative_slope: float = 0.0,
                  nonlinearity: str = "relu"):
         self.fan_in, self.negative_slope, self.nonlinearity = fan_in, negative_slope, nonlinearity
 
-    def sample(self, shape, dtype):
+    def _std(self, shape) -> float:
+        """``gain / sqrt(fan_in)``."""
         fi = _fans(shape)[0] if self.fan_in is None else self.fan_in
-        gain = calculate_gain(self.nonlinearity, self.negative_slope)
-        limit = gain * math.sqrt(3.0 / max(fi, 1))
+        return calculate_gain(self.nonlinearity, self.negative_slope) / math.sqrt(max(fi, 1))
+
+
+class KaimingUniform(_Kaiming):
+    """U[-a, a] with ``a = gain * sqrt(3 / fan_in)``, gain from ``nonlinearity``."""
+
+    def sample(self, shape, dtype):
+        limit = math.sqrt(3.0) * self._std(shape)
         return default_generator.rng.uniform(-limit, limit, shape).astype(dtype)
 
 
-class KaimingNormal(Initializer):
+class KaimingNormal(_Kaiming):
     """N(0, std**2) with ``std = gain / sqrt(fan_in)``, gain from ``nonlinearity``."""
 
-    def __init__(self, fan_in: float | None = None, negative_slope: float = 0.0,
-                 nonlinearity: str = "relu"):
-        self.fan_in, self.negative_slope, self.nonlinearity = fan_in, negative_slope, nonlinearity
-
     def sample(self, shape, dtype):
-        fi = _fans(shape)[0] if self.fan_in is None else self.fan_in
-        std = calculate_gain(self.nonlinearity, self.negative_slope) / math.sqrt(max(fi, 1))
-        return default_generator.rng.normal(0.0, std, shape).astype(dtype)
+        return default_generator.rng.normal(0.0, self._std(shape), shape).astype(dtype)
