@@ -96,8 +96,9 @@ _RESHARD = OpDef("reshard", kernel=None, backward=_reshard_bwd)
 
 def _reshard_tensor(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Tensor:
     v = x._value if x.is_dist() else _replicated_value(x, mesh)
-    out = Tensor(reshard_value(v, mesh, attr) if v.mesh != mesh or v.dist_attr != attr
-                 else _make(v.local.array.copy(), mesh, attr, v.shape))
+    new = reshard_value(v, mesh, attr)
+    # always a new tensor: a copy when the layout already matches
+    out = Tensor(new if new is not v else _make(v.local.array.copy(), mesh, attr, v.shape))
     if _GradMode.enabled and not x.stop_gradient:
         record(_RESHARD, {"src_mesh": v.mesh, "src_attr": v.dist_attr}, (x,), (out,))
     return out
