@@ -34,7 +34,7 @@ sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples")]
 import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
 from disttensor import Replicate, Shard  # noqa: E402
-from disttensor.dist import dispatch as _dispatch  # noqa: E402
+from disttensor.distributed import dispatch as _dispatch  # noqa: E402
 
 
 def _median_time(fn, number: int, repeat: int) -> float:

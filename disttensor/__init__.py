@@ -10,10 +10,10 @@ from .tensor import Tensor, is_tensor, to_tensor
 from . import nn, optimizer  # noqa: E402
 from .nn.layer import ParamAttr, create_parameter  # noqa: E402
 from spmd_rules import Partial, ProcessMesh, ReduceType, Replicate, Shard
-from .dist import (coverage_report, dtensor_from_local, dtensor_to_local, get_rank,
+from .distributed import (coverage_report, dtensor_from_local, dtensor_to_local, get_rank,
                    get_world_size, reshard, reshard_plan, shard_layer, shard_tensor,
                    unshard_dtensor)
-from .dist import visualize_sharding
+from .distributed import visualize_sharding
 
 
 def init_parallel_env() -> None:

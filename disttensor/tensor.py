@@ -81,7 +81,7 @@ def array_module(a: Any):
 class Tensor:
     """A (possibly distributed) tensor with autograd state.
 
-    ``_value`` is a :class:`DenseTensor` or a :class:`disttensor.dist.DistTensor`.
+    ``_value`` is a :class:`DenseTensor` or a :class:`disttensor.distributed.DistTensor`.
     ``_node``/``_slot`` name the grad node output that produced this tensor (None for leaves).
     """
 
@@ -160,7 +160,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The (global) value as a numpy array. On a distributed tensor this is a collective."""
         if self.is_dist():
-            from .dist.api import _global_numpy
+            from .distributed.api import _global_numpy
 
             return _global_numpy(self)
         arr = self._value.array

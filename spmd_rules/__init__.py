@@ -38,6 +38,7 @@ from .einsum import broadcast_notations, contracted_partial, layout, linear_part
 from .reshape import (DimTrans, Flatten, InputDim, Singleton, Split, infer_dim_trans,
                       make_reshape_dim_trans)
 from .view import parse_index
+from .redistribute import ReshardPlan, Step, plan_reshard, plan_same_mesh, reshard_cost
 from .norm import channel_axis
 from .reduction import REDUCE_PARTIAL
 from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, reduction,  # noqa: F401  (register rules)
@@ -49,5 +50,6 @@ __all__ = [
     "TensorMeta", "SpmdResult", "Rule", "RULES", "FALLBACK_RULE", "register_rule", "get_rule",
     "rule_coverage", "merge_shardings", "layout", "contracted_partial", "broadcast_notations",
     "linear_partial", "DimTrans", "InputDim", "Singleton", "Flatten", "Split",
-    "make_reshape_dim_trans", "infer_dim_trans", "parse_index", "channel_axis", "REDUCE_PARTIAL",
+    "make_reshape_dim_trans", "infer_dim_trans", "parse_index", "ReshardPlan", "Step",
+    "plan_reshard", "plan_same_mesh", "reshard_cost", "channel_axis", "REDUCE_PARTIAL",
 ]

@@ -14,7 +14,7 @@ An :class:`OpDef` names everything the runtime needs to know about an op:
   the input, which is returned itself with its version bumped.
 
 :func:`apply` runs an op. Dense inputs run the kernel directly; any distributed input sends the
-call through :mod:`disttensor.dist.dispatch`.
+call through :mod:`disttensor.distributed.dispatch`.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def _xp(arr):
 def _dist_apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     """Import the distributed dispatcher once, then call it directly (it rebinds this name)."""
     global _dist_apply
-    from ..dist.dispatch import dist_apply
+    from ..distributed.dispatch import dist_apply
 
     _dist_apply = dist_apply
     return dist_apply(op, inputs, attrs)
@@ -195,7 +195,7 @@ def apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
                          "(the gradient could not reach the viewed base); apply the op to the "
                          "base tensor or use the out-of-place op")
     if any(t is not None and t.is_dist() for t in inputs):
-        from ..dist.dispatch import dist_apply_inplace
+        from ..distributed.dispatch import dist_apply_inplace
 
         return dist_apply_inplace(op, inputs, attrs, needs_grad)
     arrays = [None if t is None else t._value.array for t in inputs]
@@ -232,7 +232,7 @@ def commit_inplace(op: OpDef, x: Tensor, node) -> None:
 def to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
     """A leaf's gradient in the leaf's own layout (reshard to its mesh and placements)."""
     if leaf.is_dist() or g.is_dist():
-        from ..dist.dispatch import grad_to_leaf_layout
+        from ..distributed.dispatch import grad_to_leaf_layout
 
         return grad_to_leaf_layout(leaf, g)
     if g.dtype != leaf.dtype:

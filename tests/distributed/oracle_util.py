@@ -25,7 +25,7 @@ import numpy as np
 
 import disttensor as dt
 from disttensor import Partial, ReduceType, Replicate, Shard
-from disttensor.dist.mesh_groups import coord_of
+from disttensor.distributed.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.ops.registry import apply
 from disttensor.ops.shape import normalize_index

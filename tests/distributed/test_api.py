@@ -91,7 +91,7 @@ def test_cross_mesh_disjoint_other_layout(src_pl, dst_pl):
     a, b = ProcessMesh([0, 1]), ProcessMesh([2, 3])
     G = G_((7, 5), 1)
     x = pieces_from_local(G, a, src_pl, getattr(src_pl[0], "reduce_type", "sum"))
-    from disttensor.dist.api import reshard_value
+    from disttensor.distributed.api import reshard_value
 
     attr = DistAttr.from_placements(dst_pl, 2, b.shape)
     y = dt.Tensor(reshard_value(x._value, b, attr))

@@ -25,7 +25,7 @@ import pytest
 import collectives
 import disttensor as dt
 from disttensor import Partial, Replicate, Shard
-from disttensor.dist.mesh_groups import coord_of
+from disttensor.distributed.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.ops.registry import apply, apply_inplace
 

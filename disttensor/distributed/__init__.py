@@ -4,7 +4,7 @@ from .api import (dtensor_from_local, dtensor_to_local, reshard, reshard_plan, s
 from .dispatch import coverage_report
 from .dist_tensor import DistTensor
 from .mesh_groups import get_rank, get_world_size
-from .reshard import ReshardPlan, Step
+from spmd_rules import ReshardPlan, Step
 from .visualize import visualize_sharding
 
 __all__ = ["DistTensor", "shard_tensor", "reshard", "reshard_plan", "dtensor_from_local",

@@ -18,7 +18,9 @@ from ..ops.registry import OpDef
 from ..tensor import DenseTensor, Tensor, array_module
 from .dist_tensor import DistTensor, empty_piece
 from .mesh_groups import check_mesh, coord_of, group_over
-from .reshard import ReshardPlan, execute, plan_reshard
+from spmd_rules import ReshardPlan, plan_reshard
+
+from .reshard import execute
 
 
 def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement], ndim: int,

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import collectives
 import disttensor as dt
-from disttensor.dist.api import reshard_value
-from disttensor.dist.reshard import plan_reshard
+from disttensor.distributed.api import reshard_value
+from spmd_rules import plan_reshard
 from spmd_rules import DistAttr, Partial, ProcessMesh, ReduceType, Replicate, Shard, local_slices
 
 pytestmark = pytest.mark.mpi

@@ -31,7 +31,9 @@ from ..tensor import DenseTensor, Tensor
 from .api import _replicated_value, reshard_value
 from .dist_tensor import DistTensor, canonical, empty_piece
 from .mesh_groups import coord_of, group_over
-from .reshard import execute, plan_reshard
+from spmd_rules import plan_reshard
+
+from .reshard import execute
 
 __all__ = ["dist_apply", "dist_apply_inplace", "grad_to_leaf_layout", "coverage_report"]
 
