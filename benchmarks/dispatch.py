@@ -34,7 +34,7 @@ sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples")]
 import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
 from disttensor import Replicate, Shard  # noqa: E402
-from disttensor.distributed import dispatch as _dispatch  # noqa: E402
+from disttensor.dispatch import plan_cache_info  # noqa: E402
 
 
 def _median_time(fn, number: int, repeat: int) -> float:
@@ -92,7 +92,7 @@ def _time_ops(cases: dict, mesh, number: int, repeat: int) -> dict:
         misses.append(time.perf_counter() - t0)
     out["cache_miss_us"] = round((float(np.median(misses)) - out["relu"]["ours_us"] * 1e-6)
                                  * 1e6, 2)
-    out["decisions_cached"] = len(_dispatch._DECISIONS)
+    out["plans_cached"] = plan_cache_info()["size"]
     return out
 
 

@@ -1,25 +1,27 @@
 """disttensor: a semi-automatic distributed tensor runtime (see README.md and docs/)."""
 from __future__ import annotations
 
-from . import dtype, tensor_methods  # noqa: F401  (binds Tensor methods)
+import collectives
+from spmd_rules import Partial, ProcessMesh, ReduceType, Replicate, Shard
+
+from . import dtype, ops, autograd, tensor_methods  # noqa: F401  (registers ops, binds methods)
 from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
 from .dtype import bool_, float16, float32, float64, int32, int64
 from .ops import *  # noqa: F401,F403
 from .ops import OPS
-from .tensor import Tensor, is_tensor, to_tensor
-from . import nn, optimizer  # noqa: E402
+from .tensor import Tensor, is_tensor
+from . import nn, optimizer, jit  # noqa: E402
 from .nn.layer import ParamAttr, create_parameter  # noqa: E402
-from spmd_rules import Partial, ProcessMesh, ReduceType, Replicate, Shard
-from .distributed import (coverage_report, dtensor_from_local, dtensor_to_local, get_rank,
-                   get_world_size, reshard, reshard_plan, shard_layer, shard_tensor,
-                   unshard_dtensor)
-from .distributed import visualize_sharding
+from .distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_plan,
+                              shard_layer, shard_tensor, unshard_dtensor)
+from .distributed.mesh_groups import get_rank, get_world_size
+from .distributed.visualize import visualize_sharding
+from .schema import coverage_report
 
 
 def init_parallel_env() -> None:
     """Start the process group (MPI when launched by mpiexec, else a single process)."""
-    import collectives
-
     collectives.init()
+
 
 __version__ = "0.1.0"

@@ -1,158 +1,44 @@
-"""Reverse-mode autograd: a tape of grad nodes and the engine that walks it.
+"""Reverse-mode autograd: the engine that walks the tape (:mod:`disttensor.tape`) and the
+public functions ``grad`` and ``backward`` (Paddle's ``paddle.grad`` / ``paddle.autograd``).
 
-A :class:`GradNode` is recorded for every differentiable op whose inputs need grad. It keeps the
-op, its attributes, the values it saved (with the buffer version at save time) and one *edge* per
-input: ``None`` (no grad wanted), a leaf :class:`Tensor` (accumulate into ``.grad``) or the
-``(node, slot)`` that produced the input. Because edges capture the producer at record time, an
-inplace op can re-point ``x._node`` at itself and backward still sees the old producer.
-Backward functions are written with registered ops, so they dispatch (and, for distributed
-tensors, follow SPMD rules) like the forward.
+The engine counts dependencies, then runs each grad node's backward (built from registered ops,
+so it dispatches through the same seam and rules as the forward) once all its output grads have
+arrived. A leaf's gradient is resharded to the leaf's own mesh and placements — a replicated
+weight under data parallelism gets its Partial gradient all-reduced: data-parallel gradient sync
+for free.
 """
 from __future__ import annotations
 
-import contextlib
-import weakref
-import functools
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
+from spmd_rules import DistAttr
+
+from .distributed.api import reshard_to, _to_local
+from .distributed.dist_tensor import DistTensor
+from .ops import cast, ones_like
+from .schema import public
+from .tape import (GradNode, edge, enable_grad, is_grad_enabled, no_grad,  # noqa: F401
+                   set_grad_enabled)
 from .tensor import Tensor
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad",
-           "run_backward", "GradNode"]
+           "backward", "run_backward", "to_leaf_layout"]
 
 
-class _GradMode:
-    enabled = True
-
-
-def is_grad_enabled() -> bool:
-    return _GradMode.enabled
-
-
-class set_grad_enabled(contextlib.ContextDecorator):
-    """Context manager / decorator that sets whether ops record grad nodes."""
-
-    def __init__(self, mode: bool):
-        self.mode = bool(mode)
-
-    def __enter__(self):
-        self.prev = _GradMode.enabled
-        _GradMode.enabled = self.mode
-
-    def __exit__(self, *exc):
-        _GradMode.enabled = self.prev
-        return False
-
-
-def no_grad(func: Callable | None = None):
-    """``with dt.no_grad():`` or ``@dt.no_grad()`` / ``@dt.no_grad``: ops record no graph."""
-    if callable(func):
-        @functools.wraps(func)
-        def wrapper(*a, **k):
-            with set_grad_enabled(False):
-                return func(*a, **k)
-        return wrapper
-    return set_grad_enabled(False)
-
-
-def enable_grad():
-    return set_grad_enabled(True)
-
-
-class GradNode:
-    """One recorded op application (see module docstring)."""
-
-    __slots__ = ("op", "attrs", "edges", "saved", "in_shapes", "n_out", "released",
-                 "__weakref__")
-
-    def __init__(self, op, attrs: dict, edges: tuple, in_shapes: tuple, n_out: int):
-        self.op = op
-        self.n_out = n_out
-        self.attrs = attrs
-        self.edges = edges
-        self.saved: list | None = []
-        self.in_shapes = in_shapes
-        self.released = False
-
-    @property
-    def name(self) -> str:
-        return self.op.name
-
-    def save(self, t: Tensor | None) -> None:
-        if t is None:
-            self.saved.append(None)
-            return
-        dense = t._local_dense()
-        # a weak reference: an output saving itself must not make a reference cycle
-        self.saved.append((t._value, dense.holder, dense.holder.version, weakref.ref(t)))
-
-    def saved_tensor(self, i: int) -> Tensor | None:
-        """The i-th saved value as a fresh Tensor, after checking its buffer was not modified."""
-        if self.released:
-            raise RuntimeError(
-                f"backward of {self.op.name}: trying to backward through the graph a second "
-                "time, but its saved tensors were freed; pass retain_graph=True to the first "
-                "backward")
-        entry = self.saved[i]
-        if entry is None:
-            return None
-        value, holder, version, src = entry
-        if holder.version != version:
-            src = src()
-            label = src._label() if src is not None else "(freed)"
-            raise RuntimeError(
-                f"backward of {self.op.name}: tensor '{label}' saved for backward was "
-                f"modified by an inplace operation: its inplace version is {holder.version}, "
-                f"expected version {version}")
-        return Tensor(value, stop_gradient=True)
-
-    def needs_grad(self, i: int) -> bool:
-        return self.edges[i] is not None
-
-
-def _edge(t: Tensor | None):
-    if t is None or t.stop_gradient:
-        return None
-    if t._node is None:
-        return t
-    return (t._node, t._slot)
-
-
-def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> GradNode:
-    """Attach a new grad node for ``op`` to ``outputs`` (called by the dispatcher)."""
-    edges = []
-    shapes = []
-    for t in inputs:  # inlines _edge (this runs for every recorded op)
-        if t is None:
-            edges.append(None)
-            shapes.append(None)
-            continue
-        shapes.append(t._value.shape)
-        if t.stop_gradient:
-            edges.append(None)
-        elif t._node is None:
-            edges.append(t)
-        else:
-            edges.append((t._node, t._slot))
-    node = GradNode(op, attrs, tuple(edges), tuple(shapes), len(outputs))
-    for i in op.save_inputs:
-        node.save(inputs[i])
-    for i in op.save_outputs:
-        if outputs[i] is not None:
-            node.save(outputs[i])
-    nondiff = op.nondiff_outputs
-    for slot, out in enumerate(outputs):
-        if out is not None and slot not in nondiff:
-            out._node = node
-            out._slot = slot
-            out.stop_gradient = False
-    return node
-
-
-def _ones_like(t: Tensor) -> Tensor:
-    from .ops import ones_like
-
-    return ones_like(t)
+def to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
+    """A leaf's gradient in the leaf's layout: its mesh and placements (a Partial gradient of a
+    replicated weight becomes an all-reduce), dense for a dense leaf; in the leaf's dtype."""
+    lv = leaf._value
+    if type(lv) is DistTensor:
+        if type(g._value) is not DistTensor or g._value.mesh != lv.mesh \
+                or g._value.dist_attr != lv.dist_attr:
+            g = reshard_to(g, lv.mesh, lv.dist_attr)
+    elif g.is_dist():
+        gv = g._value
+        g = _to_local(reshard_to(g, gv.mesh, DistAttr.replicated(g.ndim, gv.mesh.shape)))
+    if g.dtype != leaf.dtype:
+        g = cast(g, leaf.dtype)
+    return g
 
 
 def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
@@ -163,8 +49,6 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
     Without ``inputs``: accumulate into every reachable leaf's ``.grad`` (resharded to the
     leaf's own layout). With ``inputs``: return d(roots)/d(inputs) and touch no ``.grad``.
     """
-    from .ops.registry import to_leaf_layout
-
     node_grads: dict[int, list] = {}  # id(node) -> per-slot grads
     nodes: dict[int, GradNode] = {}
     leaf_grads: dict[int, Tensor] = {}
@@ -178,13 +62,13 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
                 raise ValueError(f"backward: grad_tensor is required for tensor '{r._label()}' "
                                  f"of shape {r.shape}; only one-element tensors get an implicit "
                                  "grad of ones")
-            g = _ones_like(r)
+            g = ones_like(r)
         elif not isinstance(g, Tensor):
             raise TypeError(f"backward: grad_tensor must be a Tensor, got {type(g).__name__}")
         elif g.shape != r.shape:
             raise ValueError(f"backward: grad_tensor shape {g.shape} differs from tensor "
                              f"'{r._label()}' shape {r.shape}")
-        _send(_edge(r), g, nodes, node_grads, leaves, leaf_grads)
+        _send(edge(r), g, nodes, node_grads, leaves, leaf_grads)
 
     deps = _dependencies(nodes.values())
     capture = {}
@@ -210,15 +94,15 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
             if not retain_graph:
                 node.saved = None
                 node.released = True
-            for edge, g in zip(node.edges, in_grads):
-                if edge is None or g is None:
+            for dest, g in zip(node.edges, in_grads):
+                if dest is None or g is None:
                     continue
-                _send(edge, g, nodes, node_grads, leaves, leaf_grads)
-                if type(edge) is tuple:
-                    k = id(edge[0])
+                _send(dest, g, nodes, node_grads, leaves, leaf_grads)
+                if type(dest) is tuple:
+                    k = id(dest[0])
                     deps[k] -= 1
                     if deps[k] == 0:
-                        ready.append(edge[0])
+                        ready.append(dest[0])
 
         if inputs is not None:
             for i, t in enumerate(inputs):
@@ -232,10 +116,10 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
     return None
 
 
-def _send(edge, g: Tensor, nodes: dict, node_grads: dict, leaves: dict, leaf_grads: dict) -> None:
-    """Add gradient ``g`` to the destination of ``edge`` (a leaf or a (node, slot))."""
-    if type(edge) is tuple:
-        node, slot = edge
+def _send(dest, g: Tensor, nodes: dict, node_grads: dict, leaves: dict, leaf_grads: dict) -> None:
+    """Add gradient ``g`` to ``dest`` (a leaf or a (node, slot) edge)."""
+    if type(dest) is tuple:
+        node, slot = dest
         k = id(node)
         if k not in nodes:
             nodes[k] = node
@@ -243,8 +127,8 @@ def _send(edge, g: Tensor, nodes: dict, node_grads: dict, leaves: dict, leaf_gra
         buf = node_grads[k]
         buf[slot] = g if buf[slot] is None else buf[slot] + g
     else:
-        k = id(edge)
-        leaves[k] = edge
+        k = id(dest)
+        leaves[k] = dest
         prev = leaf_grads.get(k)
         leaf_grads[k] = g if prev is None else prev + g
 
@@ -288,3 +172,24 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
                 raise ValueError(f"grad: input '{t._label()}' is not reachable from the outputs; "
                                  "pass allow_unused=True to get None for it")
     return res
+
+
+@public(methods=("backward",), export=False)
+def tensor_backward(self: Tensor, grad_tensor: Tensor | None = None,
+                    retain_graph: bool = False) -> None:
+    """``Tensor.backward``: accumulate d(self)/d(leaf) into every leaf's ``.grad``
+    (``grad_tensor`` defaults to ones for a one-element tensor)."""
+    run_backward([self], [grad_tensor], retain_graph=retain_graph)
+
+
+def backward(tensors: Sequence[Tensor] | Tensor, grad_tensors=None,
+             retain_graph: bool = False) -> None:
+    """Paddle's ``paddle.autograd.backward``: backward from several tensors at once."""
+    tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+    if grad_tensors is None:
+        grad_tensors = [None] * len(tensors)
+    elif isinstance(grad_tensors, Tensor):
+        grad_tensors = [grad_tensors]
+    if len(grad_tensors) != len(tensors):
+        raise ValueError(f"backward: {len(tensors)} tensors but {len(grad_tensors)} grad_tensors")
+    run_backward(tensors, list(grad_tensors), retain_graph=retain_graph)

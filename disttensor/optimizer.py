@@ -1,26 +1,30 @@
 """Optimizers (Paddle's ``paddle.optimizer``): SGD (with momentum), Momentum, Adam, AdamW.
 
 ``step()`` updates every parameter that has a gradient (``grad is None`` or
-``stop_gradient=True``: skipped) inplace, under ``no_grad``, with public tensor ops only, so the
-parameter object never changes and a distributed parameter keeps its mesh and placements. State
-tensors (velocity, moments) are created with ``zeros_like(param)`` and so take the parameter's
-layout. A parameter's ``optimize_attr["learning_rate"]`` (from ``ParamAttr``) multiplies the
-learning rate.
+``stop_gradient=True``: skipped) with one fused op per parameter (``sgd_update``,
+``momentum_update``, ``adam_update``) that updates the parameter and its state tensors in place,
+so the parameter object, holder and version counter never change and a distributed parameter
+keeps its mesh and placements. State tensors (velocity, moments) are created with
+``zeros_like(param)`` and so take the parameter's layout; Adam's beta powers are one-element
+float64 tensors updated by the kernel. The learning rate enters each step as a ``host_scalar``
+read when the update runs, so a captured step picks up ``set_lr`` and schedulers on replay. A
+parameter's ``optimize_attr["learning_rate"]`` (from ``ParamAttr``) multiplies the learning rate.
 
 ``weight_decay`` (a float) is L2 regularization for SGD/Momentum/Adam (``grad += wd * param``) and
 decoupled decay for AdamW (``param *= 1 - lr * wd`` before the Adam update), as in Paddle.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .autograd import no_grad
-from .ops import OPS, add, add_, apply, scale, scale_, subtract_, zeros_like
-from .ops.common import as_tensor
-from .tensor import Tensor, to_tensor
+from .dispatch import apply
+from .nn.layer import _clear_grads, _copy_into
+from .ops import OPS, full, zeros_like
+from .ops.creation import host_scalar
+from .tape import no_grad
+from .tensor import Tensor
 
 __all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW"]
 
@@ -70,8 +74,6 @@ class Optimizer:
     def clear_grad(self, set_to_zero: bool = True) -> None:
         """Set every parameter's gradient to zeros (Paddle's default) or drop it
         (``set_to_zero=False``)."""
-        from .nn.layer import _clear_grads
-
         _clear_grads(self._parameter_list, set_to_zero)
 
     zero_grad = clear_grad
@@ -80,6 +82,7 @@ class Optimizer:
     @no_grad()
     def step(self) -> None:
         """One update of every parameter that has a gradient."""
+        lr = None
         for p in self._parameter_list:
             if p.stop_gradient or p.grad is None:
                 continue
@@ -87,28 +90,30 @@ class Optimizer:
             if list(g.shape) != p.shape:
                 raise ValueError(f"{type(self).__name__}.step: gradient of '{p._label()}' has "
                                  f"shape {g.shape}, the parameter {p.shape}")
+            if lr is None:
+                lr = host_scalar(self.get_lr)
             attr = getattr(p, "optimize_attr", None)
-            lr = self._learning_rate * (attr["learning_rate"] if attr else 1.0)
-            self._update(p, g, lr)
+            self._update(p, g, lr, float(attr["learning_rate"]) if attr else 1.0)
 
-    def _update(self, p: Tensor, g: Tensor, lr: float) -> None:
+    def _update(self, p: Tensor, g: Tensor, lr: Tensor, lr_scale: float) -> None:
         raise NotImplementedError
+
+    def _new_acc(self, name: str, p: Tensor) -> Tensor:
+        """A fresh state tensor (zeros laid out like the parameter)."""
+        return zeros_like(p)
 
     def _acc(self, name: str, p: Tensor) -> Tensor:
         store = self._accumulators[name]
         acc = store.get(id(p))
         if acc is None:
-            acc = store[id(p)] = zeros_like(p)
+            acc = store[id(p)] = self._new_acc(name, p)
         return acc
-
-    def _l2(self, p: Tensor, g: Tensor) -> Tensor:
-        return add(g, scale(p, self._weight_decay)) if self._weight_decay else g
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``"<param name>_<accumulator>_0"`` -> state tensor (the live tensor), as in Paddle;
-        Adam's beta powers are one-element float64 tensors ``..._beta1_pow_acc_0`` and
-        ``..._beta2_pow_acc_0``."""
+        Adam's beta powers (``b**t`` after t steps) are one-element float64 tensors
+        ``..._beta1_pow_acc_0`` and ``..._beta2_pow_acc_0``."""
         out: dict[str, Any] = {}
         for p in self._parameter_list:
             k = id(p)
@@ -116,17 +121,11 @@ class Optimizer:
                 acc = self._accumulators[name].get(k)
                 if acc is not None:
                     out[f"{p._label()}_{name}_0"] = acc
-            out.update(self._extra_state(p))
         return out
-
-    def _extra_state(self, p: Tensor) -> dict[str, Tensor]:
-        return {}
 
     def set_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load state saved by :meth:`state_dict` (copied inplace into existing state tensors,
         created with the parameter's layout otherwise). Shape mismatch -> ValueError."""
-        from .nn.layer import _copy_into
-
         with no_grad():
             for p in self._parameter_list:
                 for name in self._accumulator_names:
@@ -136,14 +135,12 @@ class Optimizer:
                     value = state_dict[key]
                     shape = list(np.shape(value) if not isinstance(value, Tensor)
                                  else value.shape)
-                    if shape != p.shape:
+                    acc = self._acc(name, p)
+                    if shape != acc.shape:
                         raise ValueError(f"{type(self).__name__}.set_state_dict: '{key}' has "
-                                         f"shape {shape}, the parameter {p.shape}")
-                    _copy_into(self._acc(name, p), value)
-                self._load_extra_state(p, state_dict)
-
-    def _load_extra_state(self, p: Tensor, state_dict: dict[str, Any]) -> None:
-        pass
+                                         f"shape {shape}, the state of parameter "
+                                         f"'{p._label()}' {acc.shape}")
+                    _copy_into(acc, value)
 
 
 class SGD(Optimizer):
@@ -161,18 +158,14 @@ class SGD(Optimizer):
         self._accumulator_names = ("velocity",) if self._momentum else ()
         super().__init__(learning_rate, parameters, weight_decay)
 
-    def _update(self, p, g, lr):
-        if not self._momentum:  # the fused kernel: one op per parameter
-            apply(OPS["sgd_update"], (p, g, as_tensor(lr, p)),
-                  {"l2": self._weight_decay or 0.0})
+    def _update(self, p, g, lr, lr_scale):
+        l2 = self._weight_decay or 0.0
+        if not self._momentum:
+            apply(OPS["sgd_update"], (p, g, lr), {"l2": l2, "lr_scale": lr_scale})
             return
-        g = self._l2(p, g)
-        if self._momentum:
-            v = self._acc("velocity", p)
-            scale_(v, self._momentum)
-            add_(v, g)
-            g = add(g, scale(v, self._momentum)) if self._use_nesterov else v
-        subtract_(p, scale(g, lr))
+        apply(OPS["momentum_update"], (p, g, self._acc("velocity", p), lr),
+              {"mu": self._momentum, "use_nesterov": self._use_nesterov, "l2": l2,
+               "lr_scale": lr_scale})
 
 
 class Momentum(SGD):
@@ -189,7 +182,7 @@ class Adam(Optimizer):
     ``param -= lr * m_hat / (sqrt(v_hat) + epsilon)`` with bias-corrected ``m_hat``, ``v_hat``;
     ``g`` includes the L2 term ``weight_decay * param``."""
 
-    _accumulator_names = ("moment1", "moment2")
+    _accumulator_names = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc")
 
     def __init__(self, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, parameters: Iterable[Tensor] | None = None,
@@ -200,36 +193,22 @@ class Adam(Optimizer):
         if epsilon < 0:
             raise ValueError(f"{type(self).__name__}: epsilon must be >= 0, got {epsilon}")
         self._beta1, self._beta2, self._epsilon = float(beta1), float(beta2), float(epsilon)
-        self._beta_pows: dict[int, tuple[float, float]] = {}  # id(param) -> (b1**t, b2**t)
         super().__init__(learning_rate, parameters, weight_decay)
 
-    def _update(self, p, g, lr):
-        self._adam(p, g, lr, l2=self._weight_decay or 0.0)
+    def _new_acc(self, name, p):
+        if name.endswith("_pow_acc"):
+            return full([1], 1.0, dtype="float64")
+        return zeros_like(p)
 
-    def _adam(self, p, g, lr, l2=0.0, decay=1.0):
-        """One fused Adam step (``adam_update``): moments and parameter updated in place."""
-        b1, b2 = self._beta1, self._beta2
-        m, v = self._acc("moment1", p), self._acc("moment2", p)
-        pows = self._beta_pows.get(id(p), (1.0, 1.0))
-        pow1, pow2 = self._beta_pows[id(p)] = (pows[0] * b1, pows[1] * b2)
-        scalars = (as_tensor(lr / (1.0 - pow1), p), as_tensor(1.0 / math.sqrt(1.0 - pow2), p),
-                   as_tensor(decay, p))
-        apply(OPS["adam_update"], (p, g, m, v) + scalars,
-              {"beta1": b1, "beta2": b2, "epsilon": self._epsilon, "l2": l2})
+    def _update(self, p, g, lr, lr_scale):
+        self._adam(p, g, lr, lr_scale, l2=self._weight_decay or 0.0)
 
-    def _extra_state(self, p):
-        pows = self._beta_pows.get(id(p))
-        if pows is None:
-            return {}
-        name = p._label()
-        return {f"{name}_beta{i + 1}_pow_acc_0": to_tensor(np.array([pw], np.float64))
-                for i, pw in enumerate(pows)}
-
-    def _load_extra_state(self, p, state_dict):
-        keys = [f"{p._label()}_beta{i}_pow_acc_0" for i in (1, 2)]
-        if all(k in state_dict for k in keys):
-            self._beta_pows[id(p)] = tuple(float(np.asarray(state_dict[k]).reshape(-1)[0])
-                                           for k in keys)
+    def _adam(self, p, g, lr, lr_scale, l2=0.0, weight_decay=0.0):
+        """One fused Adam step (``adam_update``): parameter, moments and beta powers in place."""
+        states = tuple(self._acc(n, p) for n in self._accumulator_names)
+        apply(OPS["adam_update"], (p, g) + states + (lr,),
+              {"beta1": self._beta1, "beta2": self._beta2, "epsilon": self._epsilon, "l2": l2,
+               "weight_decay": weight_decay, "lr_scale": lr_scale})
 
 
 class AdamW(Adam):
@@ -244,8 +223,8 @@ class AdamW(Adam):
         super().__init__(learning_rate, beta1, beta2, epsilon, parameters, weight_decay)
         self._apply_decay_param_fun = apply_decay_param_fun
 
-    def _update(self, p, g, lr):
+    def _update(self, p, g, lr, lr_scale):
         wd = self._weight_decay
         decays = wd and (self._apply_decay_param_fun is None
                          or self._apply_decay_param_fun(p._label()))
-        self._adam(p, g, lr, decay=1.0 - lr * wd if decays else 1.0)
+        self._adam(p, g, lr, lr_scale, weight_decay=wd if decays else 0.0)

@@ -6,7 +6,9 @@
   ``array`` is a numpy/cupy view of the holder's buffer.
 * :class:`Tensor` — what users hold: a DenseTensor or a DistTensor plus autograd state.
 
-Ops and methods are attached to :class:`Tensor` by :mod:`disttensor.ops`.
+Holders are created only by the dispatcher (:mod:`disttensor.dispatch`), the one seam every
+tensor passes; ops and methods are attached to :class:`Tensor` by :mod:`disttensor.tensor_methods`
+from the registry of public functions.
 """
 from __future__ import annotations
 
@@ -14,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .dtype import to_np_dtype
 
-__all__ = ["Holder", "DenseTensor", "Tensor", "to_tensor", "is_tensor"]
+__all__ = ["Holder", "DenseTensor", "Tensor", "is_tensor", "array_module"]
 
 
 class Holder:
@@ -55,18 +56,6 @@ class DenseTensor:
         """Strides in elements (not bytes)."""
         item = self.array.itemsize
         return tuple(s // item for s in self.array.strides)
-
-    @property
-    def offset(self) -> int:
-        """Offset in elements of the first element from the start of the holder's buffer."""
-        base = self.holder.buffer
-        return (_address(self.array) - _address(base)) // max(self.array.itemsize, 1)
-
-
-def _address(a: Any) -> int:
-    if isinstance(a, np.ndarray):
-        return a.__array_interface__["data"][0]
-    return int(a.data.ptr)
 
 
 def array_module(a: Any):
@@ -157,17 +146,6 @@ class Tensor:
         return self.name
 
     # -- conversion -------------------------------------------------------------------------
-    def numpy(self) -> np.ndarray:
-        """The (global) value as a numpy array. On a distributed tensor this is a collective."""
-        if self.is_dist():
-            from .distributed.api import _global_numpy
-
-            return _global_numpy(self)
-        arr = self._value.array
-        if isinstance(arr, np.ndarray):
-            return arr.copy()
-        return arr.get()
-
     def item(self):
         a = self.numpy()
         if a.size != 1:
@@ -211,28 +189,11 @@ class Tensor:
             return head + f",\n       local={self._value.local.array!r})"
         return head + f",\n       {self._value.array!r})"
 
-    # -- autograd ---------------------------------------------------------------------------
-    def backward(self, grad_tensor: "Tensor | None" = None, retain_graph: bool = False) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (``grad_tensor`` defaults to
-        ones for a one-element tensor)."""
-        from .autograd import run_backward
-
-        run_backward([self], [grad_tensor], retain_graph=retain_graph)
-
+    # -- autograd (``backward`` is bound by disttensor.autograd) ------------------------
     def clear_grad(self) -> None:
         self.grad = None
 
     clear_gradient = clear_grad
-
-    def detach(self) -> "Tensor":
-        from .ops import detach
-
-        return detach(self)
-
-    def clone(self) -> "Tensor":
-        from .ops import assign
-
-        return assign(self)
 
     def _local_value(self) -> "Tensor":
         """This rank's local piece, as a dense Tensor sharing the buffer."""
@@ -248,73 +209,6 @@ class Tensor:
     def placements(self):
         return list(self._value.placements) if self.is_dist() else None
 
-    @property
-    def T(self) -> "Tensor":
-        from .ops import transpose
-
-        return transpose(self, list(range(self.ndim))[::-1])
-
 
 def is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
-
-
-def _resolve_place(place: str | None):
-    """Array module for a place string: "cpu" -> numpy, "gpu"/"gpu:N" -> cupy on device N."""
-    if place is None or place == "cpu":
-        return np, None
-    if isinstance(place, str) and (place == "gpu" or place.startswith("gpu:")):
-        try:
-            import cupy
-        except ImportError as e:  # pragma: no cover - depends on machine
-            raise ValueError(f"to_tensor: place={place!r} needs cupy, which is not installed") from e
-        dev = int(place.split(":")[1]) if ":" in place else 0
-        return cupy, dev
-    raise ValueError(f"to_tensor: place must be 'cpu', 'gpu' or 'gpu:N', got {place!r}")
-
-
-def to_tensor(data: Any, dtype: Any = None, place: str | None = None,
-              stop_gradient: bool = True) -> Tensor:
-    """A new dense Tensor holding a copy of ``data`` (scalar, list, numpy/cupy array, Tensor).
-
-    Floating data defaults to float32 (like Paddle); integers keep int64; bools stay bool.
-    """
-    if isinstance(data, Tensor):
-        if data.is_dist():
-            raise ValueError("to_tensor: data is a distributed tensor; use dtensor_to_local or "
-                             "unshard_dtensor first")
-        data = data._value.array
-    xp, dev = _resolve_place(place if place is not None or isinstance(data, np.ndarray)
-                             else _place_of(data))
-    typed = hasattr(data, "dtype")
-    if dev is None:
-        arr = np.asarray(_to_host(data))
-    else:
-        with xp.cuda.Device(dev):
-            arr = xp.asarray(data)
-    if dtype is not None:
-        npd = to_np_dtype(dtype)
-    elif typed:
-        npd = arr.dtype  # numpy/cupy data keeps its dtype, as in Paddle
-    elif arr.dtype.kind == "f":
-        npd = np.dtype(np.float32)  # Python floats default to float32
-    elif arr.dtype.kind in "iu":
-        npd = np.dtype(np.int64)
-    else:
-        npd = arr.dtype
-    if npd.kind not in "biuf":
-        raise TypeError(f"to_tensor: unsupported dtype {npd} of data {type(data).__name__}")
-    arr = xp.array(arr, dtype=npd, order="C", copy=True)  # keeps 0-d (ascontiguousarray won't)
-    return Tensor(DenseTensor(arr), stop_gradient=stop_gradient)
-
-
-def _place_of(a: Any) -> str | None:
-    """The place of an array-like: "gpu:N" for cupy arrays, None otherwise."""
-    dev = getattr(a, "device", None)
-    return f"gpu:{dev.id}" if hasattr(dev, "id") else None
-
-
-def _to_host(a: Any):
-    if hasattr(a, "get") and not isinstance(a, np.ndarray):
-        return a.get()
-    return a

@@ -1,26 +1,43 @@
-"""The public distributed API (Paddle-style names): shard_tensor, reshard, dtensor_from_local,
-dtensor_to_local, unshard_dtensor, reshard_plan, and Tensor.numpy() for distributed tensors.
+"""The entry points of the distributed layer (Paddle-style names): ``shard_tensor``,
+``reshard``, ``dtensor_from_local``, ``dtensor_to_local``, ``unshard_dtensor``, ``reshard_plan``,
+``Tensor.numpy()``, ``shard_layer``.
 
-All of them are differentiable where their dense meaning is: each is the identity on the global
-value, so its gradient is the incoming gradient laid out like the input (a Partial input's
-pieces each receive the whole gradient)."""
+Each is a registered op (rule None: it plans itself) whose plan is built here and executed by
+:func:`disttensor.dispatch.run`, the seam every tensor passes:
+
+* ``reshard`` — the steps of :func:`spmd_rules.plan_reshard`, one instruction per collective or
+  local step, with groups and sizes resolved (a copy when nothing moves);
+* ``shard_tensor`` — one local instruction: this rank's slice of data every rank holds;
+* ``dtensor_from_local`` — no instruction: the output *views* the local piece; the global shape
+  is agreed on by one small all-gather of the pieces' shapes while planning;
+* ``dtensor_to_local`` — no instruction: the output views this rank's piece.
+
+All are differentiable where their dense meaning is: each is the identity on the global value,
+so its gradient is the incoming gradient laid out like the input (a Partial input's pieces each
+receive the whole gradient)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import numpy as np
 
-from spmd_rules import DistAttr, Partial, Placement, ProcessMesh, Replicate, Shard, local_slices
+from spmd_rules import (DistAttr, Partial, Placement, ProcessMesh, ReshardPlan, Replicate, Shard,
+                        local_slices, plan_reshard)
 
-from ..autograd import _GradMode, record
+from ..dispatch import run
 from ..dtype import to_np_dtype
-from ..ops.registry import OpDef
-from ..tensor import DenseTensor, Tensor, array_module
-from .dist_tensor import DistTensor, empty_piece
+from ..nn.layer import Parameter
+from ..ops import cast, to_tensor
+from ..plan import Instr, OutSpec, Plan
+from ..schema import OPS, public, register
+from ..tape import _GradMode, set_grad_enabled
+from ..tensor import Tensor, array_module
+from .dist_tensor import DistTensor, canonical, canonical_mesh, empty_piece
 from .mesh_groups import check_mesh, coord_of, group_over
-from spmd_rules import ReshardPlan, plan_reshard
+from .planner import reshard_instrs
 
-from .reshard import execute
+__all__ = ["shard_tensor", "reshard", "reshard_to", "reshard_plan", "dtensor_from_local",
+           "dtensor_to_local", "unshard_dtensor", "shard_layer", "numpy"]
 
 
 def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement], ndim: int,
@@ -43,12 +60,11 @@ def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement
         raise ValueError(f"{op}: tensor of shape {list(shape)}: {e}") from None
 
 
-def _make(arr, mesh: ProcessMesh, attr: DistAttr, shape, holder=None) -> DistTensor:
-    return DistTensor(DenseTensor(arr, holder), mesh, attr, tuple(shape))
-
-
-def _nonpartial(attr: DistAttr) -> DistAttr:
-    return attr.without_partial()
+def _dist_value(op: str, x: Tensor) -> DistTensor:
+    if not isinstance(x, Tensor) or not x.is_dist():
+        raise TypeError(f"{op}: x must be a distributed Tensor (made by shard_tensor), got "
+                        f"{type(x).__name__ if not isinstance(x, Tensor) else 'a dense Tensor'}")
+    return x._value
 
 
 def _grad_avg_scale(attr: DistAttr) -> float:
@@ -60,7 +76,66 @@ def _grad_avg_scale(attr: DistAttr) -> float:
     return 1.0 / n
 
 
-# -- reshard ---------------------------------------------------------------------------------
+def _copy(arr):
+    return arr.copy()
+
+
+# -- reshard -----------------------------------------------------------------------------------
+
+_RESHARD_PLANS: dict = {}
+
+
+def _reshard_plan(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
+    """The plan moving ``x`` (a dense ``x`` counts as Replicate on ``mesh``) to ``attr``."""
+    v = x._value
+    if type(v) is DistTensor:
+        src_mesh, src_attr, shape, dtype = v.mesh, v.dist_attr, v.shape, v.dtype
+    else:
+        src_mesh, src_attr = mesh, DistAttr.replicated(x.ndim, mesh.shape)
+        shape, dtype = tuple(v.array.shape), v.array.dtype
+    key = (src_mesh, src_attr, shape, dtype, mesh, attr)
+    plan = _RESHARD_PLANS.get(key)
+    if plan is None:
+        rplan = plan_reshard(shape, dtype.itemsize, src_mesh, src_attr, mesh, attr)
+        dense_src = type(v) is not DistTensor
+        if dense_src and coord_of(mesh) is None:  # a dense value outside the mesh: no piece
+            instrs = [Instr("local", lambda a, s=shape: empty_piece(s, a.dtype, a), (0,), (1,),
+                            label="empty piece (rank outside the mesh)")]
+            out = 1
+        else:
+            instrs, out, _ = reshard_instrs(rplan, dtype, 0, 1)
+        if not instrs:  # nothing moves: reshard still returns a new tensor
+            instrs, out = [Instr("local", _copy, (0,), (1,), label="copy (layout unchanged)")], 1
+        plan = Plan(OPS["reshard"], "dist", 1, tuple(instrs),
+                    (OutSpec(out, shape, dtype, canonical(attr)),), mesh=canonical_mesh(mesh),
+                    in_layouts=(src_attr,))
+        if len(_RESHARD_PLANS) >= 4096:
+            del _RESHARD_PLANS[next(iter(_RESHARD_PLANS))]
+        _RESHARD_PLANS[key] = plan
+    return plan
+
+
+def _reshard_bwd(node, g):
+    # The gradient of the global value, laid out like the input without its Partial dims. No
+    # Partial(avg) scaling here: that belongs where the addends themselves are the variables
+    # (dtensor_from_local's backward).
+    src_mesh, src_attr = node.attrs["src_mesh"], node.attrs["src_attr"]
+    if src_attr is None:  # the input was dense: its gradient is the replicated value
+        return _to_local(reshard_to(g, g._value.mesh, DistAttr.replicated(
+            g.ndim, g._value.mesh.shape)))
+    return reshard_to(g, src_mesh, src_attr.without_partial())
+
+
+register("reshard", None, rule=None, backward=_reshard_bwd)
+
+
+def reshard_to(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Tensor:
+    """``x`` laid out as ``attr`` on ``mesh`` (Partial targets included): always a new tensor."""
+    v = x._value
+    src = (v.mesh, v.dist_attr) if type(v) is DistTensor else (None, None)
+    return run(_reshard_plan(x, mesh, attr), (x,),
+               {"mesh": mesh, "dist_attr": attr, "src_mesh": src[0], "src_attr": src[1]})
+
 
 def reshard_plan(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> ReshardPlan:
     """The plan ``reshard(x, mesh, placements)`` would run (print it to see the steps)."""
@@ -69,59 +144,13 @@ def reshard_plan(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
     return plan_reshard(v.shape, np.dtype(v.dtype).itemsize, v.mesh, v.dist_attr, mesh, attr)
 
 
-def _dist_value(op: str, x: Tensor) -> DistTensor:
-    if not isinstance(x, Tensor) or not x.is_dist():
-        raise TypeError(f"{op}: x must be a distributed Tensor (made by shard_tensor), got "
-                        f"{type(x).__name__ if not isinstance(x, Tensor) else 'a dense Tensor'}")
-    return x._value
-
-
-def reshard_value(v: DistTensor, mesh: ProcessMesh, attr: DistAttr) -> DistTensor:
-    """``v`` moved to ``attr`` on ``mesh`` (no autograd); ``v`` itself if nothing changes."""
-    if v.mesh == mesh and v.dist_attr == attr:
-        return v
-    plan = plan_reshard(v.shape, np.dtype(v.dtype).itemsize, v.mesh, v.dist_attr, mesh, attr)
-    arr = execute(plan, v.local.array, v.dtype)
-    return _make(arr, mesh, attr, v.shape)
-
-
-def _reshard_bwd(node, g):
-    # The gradient of the global value, laid out like the input without its Partial dims. No
-    # Partial(avg) scaling here: that belongs where the addends themselves are the variables
-    # (dtensor_from_local's backward); scaling here too divided by n twice.
-    src_mesh, src_attr = node.attrs["src_mesh"], node.attrs["src_attr"]
-    return _reshard_tensor(g, src_mesh, _nonpartial(src_attr))
-
-
-_RESHARD = OpDef("reshard", kernel=None, backward=_reshard_bwd)
-
-
-def _reshard_tensor(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Tensor:
-    v = x._value if x.is_dist() else _replicated_value(x, mesh)
-    new = reshard_value(v, mesh, attr)
-    # always a new tensor: a copy when the layout already matches
-    out = Tensor(new if new is not v else _make(v.local.array.copy(), mesh, attr, v.shape))
-    if _GradMode.enabled and not x.stop_gradient:
-        record(_RESHARD, {"src_mesh": v.mesh, "src_attr": v.dist_attr}, (x,), (out,))
-    return out
-
-
-def _replicated_value(x: Tensor, mesh: ProcessMesh) -> DistTensor:
-    """A dense tensor seen as Replicate on ``mesh`` (the same array on every rank)."""
-    arr = x._value.array
-    attr = DistAttr.replicated(x.ndim, mesh.shape)
-    if coord_of(mesh) is None:
-        return DistTensor(DenseTensor(empty_piece(arr.shape, arr.dtype, arr)), mesh, attr,
-                          arr.shape)
-    return DistTensor(x._value, mesh, attr, arr.shape)
-
-
+@public()
 def reshard(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Tensor:
     """``x`` laid out as ``placements`` on ``mesh`` (a new tensor; collectives as planned).
     Resharding to Partial is refused, as in user code a Partial layout only comes from ops."""
     attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, allow_partial=False)
     _dist_value("reshard", x)
-    return _reshard_tensor(x, mesh, attr)
+    return reshard_to(x, mesh, attr)
 
 
 # -- creation and conversion -----------------------------------------------------------------
@@ -130,9 +159,32 @@ def _shard_bwd(node, g):
     return unshard_dtensor(g) if g.is_dist() else g
 
 
-_SHARD = OpDef("shard_tensor", kernel=None, backward=_shard_bwd)
+register("shard_tensor", None, rule=None, backward=_shard_bwd)
 
 
+def _slicer(shape, attr: DistAttr, coord):
+    """A C-contiguous copy of this rank's slice of the global array (np.array keeps 0-d)."""
+    sl = local_slices(shape, attr, coord)
+
+    def take(a):
+        return array_module(a).array(a[sl], copy=True, order="C")
+    return take
+
+
+def _shard_plan(src: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
+    arr = src._value.array
+    shape = tuple(arr.shape)
+    coord = coord_of(mesh)
+    if coord is None:
+        fn = lambda a: empty_piece(shape, a.dtype, a)  # noqa: E731
+        label = "empty piece (rank outside the mesh)"
+    else:
+        fn, label = _slicer(shape, attr, coord), f"slice of {attr.to_placements()}"
+    return Plan(OPS["shard_tensor"], "dist", 1, (Instr("local", fn, (0,), (1,), label=label),),
+                (OutSpec(1, shape, arr.dtype, canonical(attr)),), mesh=canonical_mesh(mesh))
+
+
+@public()
 def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], dtype: Any = None,
                  place: str | None = None, stop_gradient: bool | None = None) -> Tensor:
     """A distributed tensor from data that every rank holds (this rank keeps its slice, no
@@ -142,78 +194,34 @@ def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], 
         raise ValueError("shard_tensor: data is already distributed; use reshard")
     src = data if isinstance(data, Tensor) else None
     if src is None:
-        from ..tensor import to_tensor
-
         src = to_tensor(data, dtype=dtype, place=place)
     elif dtype is not None and np.dtype(src.dtype) != to_np_dtype(dtype):
-        from ..ops import cast
-
         src = cast(src, dtype)
     attr = _check_placements("shard_tensor", mesh, placements, src.ndim, src.shape,
                              allow_partial=False)
-    arr = src._value.array
-    coord = coord_of(mesh)
-    # a C-contiguous copy of this rank's slice (np.array keeps 0-d arrays 0-d)
-    local = empty_piece(arr.shape, arr.dtype, arr) if coord is None else \
-        array_module(arr).array(arr[local_slices(arr.shape, attr, coord)], copy=True, order="C")
     sg = src.stop_gradient if stop_gradient is None else bool(stop_gradient)
-    from ..nn.layer import Parameter
-
+    differentiable = src._node is not None and not src.stop_gradient and _GradMode.enabled
+    out = run(_shard_plan(src, mesh, attr), (src,), {"mesh": mesh, "dist_attr": attr},
+              needs_grad=differentiable)
     if isinstance(src, Parameter):  # a sharded parameter is still a parameter (a leaf)
-        out = Parameter(_make(local, mesh, attr, arr.shape), name=src.name, trainable=not sg)
-        out.optimize_attr = dict(src.optimize_attr)
-    else:
-        out = Tensor(_make(local, mesh, attr, arr.shape))
-        out.name, out.persistable = src.name, src.persistable
-    if src._node is not None and not src.stop_gradient and _GradMode.enabled:
-        record(_SHARD, {}, (src,), (out,))
+        param = Parameter(out._value, name=src.name, trainable=not sg)
+        param.optimize_attr = dict(src.optimize_attr)
+        return param
+    out.name, out.persistable = src.name, src.persistable
     out.stop_gradient = sg
     return out
 
 
 def _from_local_bwd(node, g):
-    mesh, attr = node.attrs["mesh"], node.attrs["attr"]
-    gv = g._value if g.is_dist() else _replicated_value(g, mesh)
-    gv = reshard_value(gv, mesh, _nonpartial(attr))
+    mesh, attr = node.attrs["mesh"], node.attrs["dist_attr"]
+    if not g.is_dist():
+        g = reshard_to(g, mesh, DistAttr.replicated(g.ndim, mesh.shape))
+    out = _to_local(reshard_to(g, mesh, attr.without_partial()))
     scale = _grad_avg_scale(attr)
-    out = Tensor(DenseTensor(gv.local.array))
     return out if scale == 1.0 else out * scale
 
 
-_FROM_LOCAL = OpDef("dtensor_from_local", kernel=None, backward=_from_local_bwd)
-
-
-def dtensor_from_local(local: Any, mesh: ProcessMesh, placements: Sequence[Placement],
-                       shape: Sequence[int] | None = None) -> Tensor:
-    """A distributed tensor whose piece on this rank is ``local`` (uneven pieces allowed).
-
-    One small all-gather of (local shape, dtype) over the mesh checks that the pieces form the
-    global shape (given, or found from the pieces) and raises the same error on every rank."""
-    t = local if isinstance(local, Tensor) else Tensor(DenseTensor(np.asarray(local)))
-    if t.is_dist():
-        raise ValueError("dtensor_from_local: local is already distributed")
-    arr = t._value.array
-    attr = _check_placements("dtensor_from_local", mesh, placements, arr.ndim, arr.shape,
-                             allow_partial=True)
-    coord = coord_of(mesh)
-    if coord is None:
-        # A rank outside the mesh takes no part in the (mesh-wide) check and holds an empty
-        # piece; it can only know the global shape when it is given.
-        if shape is None:
-            raise ValueError(f"dtensor_from_local: this rank is not in {mesh}; pass shape= to "
-                             "get an empty piece of the global tensor here")
-        shape = tuple(int(s) for s in shape)
-        if len(shape) != arr.ndim:
-            raise ValueError(f"dtensor_from_local: shape {list(shape)} has {len(shape)} dims but "
-                             f"the local value has {arr.ndim}")
-        return Tensor(_make(empty_piece(shape, arr.dtype, arr), mesh, attr, shape))
-    metas = _gather_piece_metas(mesh, arr)
-    gshape = _global_shape_from_pieces(metas, attr, shape)
-    out = Tensor(_make(arr, mesh, attr, gshape, t._value.holder))
-    if _GradMode.enabled and not t.stop_gradient:
-        record(_FROM_LOCAL, {"mesh": mesh, "attr": attr}, (t,), (out,))
-    return out
-
+register("dtensor_from_local", None, rule=None, backward=_from_local_bwd)
 
 _MAX_NDIM = 16
 
@@ -258,46 +266,95 @@ def _global_shape_from_pieces(metas, attr: DistAttr, shape) -> tuple[int, ...]:
     return shape
 
 
+def _view_plan(op: str, dtype, shape, mesh, attr, n_in: int = 1) -> Plan:
+    """A plan with no instruction whose output views input 0 (dist when ``mesh`` is given)."""
+    spec = OutSpec(0, shape, dtype, None if attr is None else canonical(attr), view_of=0)
+    return Plan(OPS[op], "dist" if mesh is not None else "dense", n_in, (), (spec,),
+                mesh=None if mesh is None else canonical_mesh(mesh))
+
+
+def _from_local(t: Tensor, mesh: ProcessMesh, attr: DistAttr, shape) -> Tensor:
+    """The distributed tensor of global ``shape`` whose piece here is ``t`` (no checks)."""
+    return run(_view_plan("dtensor_from_local", t.dtype, tuple(shape), mesh, attr), (t,),
+               {"mesh": mesh, "dist_attr": attr, "shape": tuple(shape)})
+
+
+@public()
+def dtensor_from_local(local: Any, mesh: ProcessMesh, placements: Sequence[Placement],
+                       shape: Sequence[int] | None = None) -> Tensor:
+    """A distributed tensor whose piece on this rank is ``local`` (uneven pieces allowed); it
+    shares ``local``'s buffer.
+
+    One small all-gather of (local shape, dtype) over the mesh checks that the pieces form the
+    global shape (given, or found from the pieces) and raises the same error on every rank."""
+    t = local if isinstance(local, Tensor) else to_tensor(np.asarray(local))
+    if t.is_dist():
+        raise ValueError("dtensor_from_local: local is already distributed")
+    arr = t._value.array
+    attr = _check_placements("dtensor_from_local", mesh, placements, arr.ndim, arr.shape,
+                             allow_partial=True)
+    if coord_of(mesh) is None:
+        # A rank outside the mesh takes no part in the (mesh-wide) check and holds an empty
+        # piece; it can only know the global shape when it is given.
+        if shape is None:
+            raise ValueError(f"dtensor_from_local: this rank is not in {mesh}; pass shape= to "
+                             "get an empty piece of the global tensor here")
+        gshape = tuple(int(s) for s in shape)
+        if len(gshape) != arr.ndim:
+            raise ValueError(f"dtensor_from_local: shape {list(gshape)} has {len(gshape)} dims "
+                             f"but the local value has {arr.ndim}")
+        empty = to_tensor(empty_piece(gshape, arr.dtype, arr))
+        return _from_local(empty, mesh, attr, gshape)
+    gshape = _global_shape_from_pieces(_gather_piece_metas(mesh, arr), attr, shape)
+    return _from_local(t, mesh, attr, gshape)
+
+
 def _to_local_bwd(node, g):
-    mesh, attr, shape = node.attrs["mesh"], node.attrs["attr"], node.attrs["shape"]
-    return Tensor(_make(g._value.array, mesh, _nonpartial(attr), shape))
+    return _from_local(g, node.attrs["mesh"], node.attrs["dist_attr"].without_partial(),
+                       node.attrs["shape"])
 
 
-_TO_LOCAL = OpDef("dtensor_to_local", kernel=None, backward=_to_local_bwd)
+register("dtensor_to_local", None, rule=None, backward=_to_local_bwd)
 
 
+def _to_local(x: Tensor) -> Tensor:
+    v = x._value
+    return run(_view_plan("dtensor_to_local", v.dtype, None, None, None), (x,),
+               {"mesh": v.mesh, "dist_attr": v.dist_attr, "shape": v.shape})
+
+
+@public()
 def dtensor_to_local(x: Tensor) -> Tensor:
     """This rank's piece as a dense tensor sharing the buffer (differentiable)."""
-    v = _dist_value("dtensor_to_local", x)
-    out = Tensor(v.local.view(v.local.array))
-    if _GradMode.enabled and not x.stop_gradient:
-        record(_TO_LOCAL, {"mesh": v.mesh, "attr": v.dist_attr, "shape": v.shape}, (x,), (out,))
-    return out
+    _dist_value("dtensor_to_local", x)
+    return _to_local(x)
 
 
+@public()
 def unshard_dtensor(x: Tensor) -> Tensor:
     """The global value as a dense tensor on every rank of the mesh (differentiable)."""
     v = _dist_value("unshard_dtensor", x)
-    rep = _reshard_tensor(x, v.mesh, DistAttr.replicated(x.ndim, v.mesh.shape))
-    out = Tensor(DenseTensor(rep._value.local.array))
-    if _GradMode.enabled and not rep.stop_gradient:
-        record(_TO_LOCAL, {"mesh": v.mesh, "attr": rep._value.dist_attr, "shape": v.shape},
-               (rep,), (out,))
-    return out
+    return _to_local(reshard_to(x, v.mesh, DistAttr.replicated(x.ndim, v.mesh.shape)))
 
 
-def _global_numpy(x: Tensor) -> np.ndarray:
-    """Tensor.numpy() of a distributed tensor: the global array (a collective over the mesh)."""
+@public(methods=True, export=False)
+def numpy(x: Tensor) -> np.ndarray:
+    """The (global) value as a numpy array. On a distributed tensor this is a collective: every
+    rank of the mesh must call it."""
     v = x._value
+    if type(v) is not DistTensor:
+        arr = v.array
+        return arr.copy() if isinstance(arr, np.ndarray) else arr.get()
     if coord_of(v.mesh) is None:
         raise ValueError(f"numpy: this rank is not in {v.mesh}; only its members hold the "
                          "tensor (reshard it to a mesh that contains this rank)")
-    rep = reshard_value(v, v.mesh, DistAttr.replicated(len(v.shape), v.mesh.shape))
-    arr = rep.local.array
-    out = arr if isinstance(arr, np.ndarray) else arr.get()
-    return out.copy() if rep is v else out
+    with set_grad_enabled(False):
+        rep = reshard_to(x, v.mesh, DistAttr.replicated(len(v.shape), v.mesh.shape))
+    arr = rep._value.local.array
+    return arr if isinstance(arr, np.ndarray) else arr.get()
 
 
+@public()
 def shard_layer(layer, process_mesh: ProcessMesh, shard_fn=None):
     """Distribute ``layer``'s parameters and buffers in place (Paddle's ``shard_layer``).
 

@@ -1,4 +1,9 @@
-"""DistTensor: a global shape, a ProcessMesh, a layout (DistAttr) and this rank's local piece."""
+"""DistTensor: a global shape, a ProcessMesh, a layout (DistAttr) and this rank's local piece.
+
+Meshes and layouts are *interned*: equal values share one instance (:func:`canonical`,
+:func:`canonical_mesh`), so the dispatcher's plan cache keys on identity instead of hashing a
+mesh or a layout per call, and a mesh rebuilt every step is still one key.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -10,14 +15,16 @@ from spmd_rules import DistAttr, ProcessMesh
 from ..tensor import DenseTensor
 from .mesh_groups import coord_of
 
+__all__ = ["DistTensor", "canonical", "canonical_mesh", "empty_piece"]
 
 _CANON: dict = {}        # DistAttr -> its canonical instance (kept alive here)
 _CANON_IDS: set = set()  # ids of the canonical instances
+_MESHES: dict = {}       # ProcessMesh -> its canonical instance
+_MESH_IDS: set = set()
 
 
 def canonical(attr: DistAttr) -> DistAttr:
-    """The one shared instance equal to ``attr``: equal layouts are the same object, so the
-    dispatcher's decision cache can key on identity instead of hashing layouts per call."""
+    """The one shared instance equal to ``attr``."""
     if id(attr) in _CANON_IDS:
         return attr
     c = _CANON.setdefault(attr, attr)
@@ -25,22 +32,28 @@ def canonical(attr: DistAttr) -> DistAttr:
     return c
 
 
-class DistTensor:
-    """This rank's piece (``local``, a DenseTensor) of a tensor of global ``shape`` laid out on
-    ``mesh`` as ``dist_attr``. A rank outside the mesh holds an empty piece."""
+def canonical_mesh(mesh: ProcessMesh) -> ProcessMesh:
+    """The one shared instance equal to ``mesh``."""
+    if id(mesh) in _MESH_IDS:
+        return mesh
+    c = _MESHES.setdefault(mesh, mesh)
+    _MESH_IDS.add(id(c))
+    return c
 
-    __slots__ = ("local", "mesh", "dist_attr", "shape")
+
+class DistTensor:
+    """This rank's piece (``local``, a DenseTensor) of a tensor of global ``shape`` and ``dtype``
+    laid out on ``mesh`` as ``dist_attr``. A rank outside the mesh holds an empty piece."""
+
+    __slots__ = ("local", "mesh", "dist_attr", "shape", "dtype")
 
     def __init__(self, local: DenseTensor, mesh: ProcessMesh, dist_attr: DistAttr,
                  shape: tuple[int, ...]):
         self.local = local
-        self.mesh = mesh
+        self.mesh = mesh if id(mesh) in _MESH_IDS else canonical_mesh(mesh)
         self.dist_attr = dist_attr if id(dist_attr) in _CANON_IDS else canonical(dist_attr)
         self.shape = tuple(shape)
-
-    @property
-    def dtype(self):
-        return self.local.array.dtype
+        self.dtype = local.array.dtype
 
     @property
     def placements(self) -> list:

@@ -1,16 +1,19 @@
-"""Reshard execution: run a :class:`spmd_rules.ReshardPlan` (planned from metadata in
-:mod:`spmd_rules.redistribute`) on this rank's piece, with the collectives of the mesh groups."""
+"""Reshard execution: a :class:`spmd_rules.ReshardPlan` (planned from metadata in
+:mod:`spmd_rules.redistribute`) prepared for this rank — each step a function of the local piece
+with its group and sizes resolved — and run."""
 from __future__ import annotations
 
-from typing import Any
+from functools import lru_cache, partial
+from typing import Any, Callable
 
 import numpy as np
 
 from spmd_rules import DistAttr, ProcessMesh, ReshardPlan, Step, local_slices, split_range
 
+from .dist_tensor import empty_piece
 from .mesh_groups import coord_of, get_rank, group_along, world
 
-# -- execution ---------------------------------------------------------------------------------
+__all__ = ["PreparedStep", "prepare", "execute"]
 
 def _extent(shape, attr: DistAttr, coord, d: int, without: int | None = None) -> int:
     """Local extent of tensor dim ``d`` under ``attr`` (optionally ignoring mesh dim ``without``)."""
@@ -28,45 +31,52 @@ def _sizes(total: int, parts: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(parts)]
 
 
-def _run_step(step: Step, arr, shape, mesh: ProcessMesh, coord):
+def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
+    """``step`` as a function of this rank's piece, with its group and sizes resolved."""
     k, m = step.kind, step.mesh_dim
-    if k == "all_reduce":
-        return group_along(mesh, m).all_reduce(arr, step.reduce_type)
     n = mesh.shape[m] if m is not None else 1
+    d = step.tensor_dim
+    if k == "all_reduce":
+        return partial(group_along(mesh, m).all_reduce, op=step.reduce_type)
     if k == "all_gather":
-        parent = _extent(shape, step.before, coord, step.tensor_dim, without=m)
-        return group_along(mesh, m).all_gather(arr, axis=step.tensor_dim, sizes=_sizes(parent, n))
+        sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
+        return partial(group_along(mesh, m).all_gather, axis=d, sizes=sizes)
     if k == "reduce_scatter":
-        return group_along(mesh, m).reduce_scatter(arr, step.reduce_type, axis=step.tensor_dim)
+        return partial(group_along(mesh, m).reduce_scatter, op=step.reduce_type, axis=d)
     if k == "all_to_all":
-        parent = _extent(shape, step.before, coord, step.tensor_dim, without=m)
-        return group_along(mesh, m).all_to_all(arr, step.split_dim, step.tensor_dim,
-                                               recv_sizes=_sizes(parent, n))
+        sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
+        return partial(group_along(mesh, m).all_to_all, split_axis=step.split_dim,
+                       concat_axis=d, recv_sizes=sizes)
     if k == "slice":
-        a, b = split_range(arr.shape[step.tensor_dim], n, coord[m])
-        idx = [slice(None)] * arr.ndim
-        idx[step.tensor_dim] = slice(a, b)
-        return arr[tuple(idx)].copy()
+        def cut(arr):
+            a, b = split_range(arr.shape[d], n, coord[m])
+            idx = [slice(None)] * arr.ndim
+            idx[d] = slice(a, b)
+            return arr[tuple(idx)].copy()
+        return cut
     if k == "scale_partial":  # sum -> avg multiplies by n; avg -> sum divides
-        return arr * n if step.reduce_type == "avg" else arr / n
+        return (lambda arr: arr * n) if step.reduce_type == "avg" else (lambda arr: arr / n)
     if k == "shard_to_partial":
-        d = step.tensor_dim
         parent = _extent(shape, step.before, coord, d, without=m)
         a, b = split_range(parent, n, coord[m])
-        out_shape = list(arr.shape)
-        out_shape[d] = parent
-        xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
-        out = xp.full(out_shape, _identity(step.reduce_type, arr.dtype), dtype=arr.dtype)
-        idx = [slice(None)] * arr.ndim
-        idx[d] = slice(a, b)
-        out[tuple(idx)] = arr * n if step.reduce_type == "avg" else arr
-        return out
+
+        def place(arr):
+            out_shape = list(arr.shape)
+            out_shape[d] = parent
+            xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
+            out = xp.full(out_shape, _identity(step.reduce_type, arr.dtype), dtype=arr.dtype)
+            idx = [slice(None)] * arr.ndim
+            idx[d] = slice(a, b)
+            out[tuple(idx)] = arr * n if step.reduce_type == "avg" else arr
+            return out
+        return place
     if k == "to_partial":
         r = step.reduce_type
         if r in ("sum", "prod") and coord[m] != 0:
-            return np.zeros_like(arr) + (1 if r == "prod" else 0) if isinstance(arr, np.ndarray) \
-                else arr * 0 + (1 if r == "prod" else 0)
-        return arr.copy()
+            fill = 1 if r == "prod" else 0
+            return lambda arr: arr * 0 + fill if not isinstance(arr, np.ndarray) \
+                else np.full_like(arr, fill)
+        return lambda arr: arr.copy()
     raise AssertionError(k)
 
 
@@ -85,42 +95,60 @@ def _identity(reduce_type: str, dtype):
     return -np.inf if reduce_type == "max" else np.inf
 
 
-def execute_same_mesh(steps: tuple[Step, ...], arr, shape, mesh: ProcessMesh):
-    """Run ``steps`` on this rank's piece ``arr`` (a member of ``mesh``)."""
-    coord = coord_of(mesh)
-    for step in steps:
-        arr = _run_step(step, arr, shape, mesh, coord)
-    return arr
+class PreparedStep:
+    """One step of a reshard plan prepared for this rank: ``fn(piece) -> piece``."""
+
+    __slots__ = ("kind", "fn", "label", "nbytes")
+
+    def __init__(self, kind: str, fn: Callable, label: str, nbytes: int):
+        self.kind, self.fn, self.label, self.nbytes = kind, fn, label, nbytes
+
+
+def _prepared(step: Step, shape, mesh: ProcessMesh, coord) -> PreparedStep:
+    kind = "collective" if step.is_collective else "local"
+    return PreparedStep(kind, _prepare_step(step, shape, mesh, coord), step.describe(),
+                        step.bytes_per_rank)
+
+
+@lru_cache(maxsize=4096)
+def prepare(plan: ReshardPlan, dtype: np.dtype) -> tuple[PreparedStep, ...]:
+    """The steps of ``plan`` this rank runs, prepared (cached per plan and dtype). A rank
+    outside the target mesh ends with an empty piece; one outside both meshes does nothing."""
+    shape, src_mesh, dst_mesh = plan.shape, plan.src_mesh, plan.dst_mesh
+    src_coord = coord_of(src_mesh)
+    if src_mesh == dst_mesh:
+        if src_coord is None:
+            return ()
+        return tuple(_prepared(s, shape, src_mesh, src_coord) for s in plan.steps)
+    dst_coord = coord_of(dst_mesh)
+    k = next(i for i, s in enumerate(plan.steps) if s.kind == "send_recv")
+    out = []
+    if src_coord is not None:
+        out += [_prepared(s, shape, src_mesh, src_coord) for s in plan.steps[:k]]
+    p2p = plan.steps[k]
+    me = get_rank()
+
+    def move(arr):
+        recv = _cross_mesh_move(plan, p2p, arr, dtype, me, src_coord, dst_coord)
+        if dst_coord is None:
+            return empty_piece(shape, dtype, arr)
+        return recv
+    out.append(PreparedStep("collective", move, p2p.describe(), p2p.bytes_per_rank))
+    if dst_coord is not None:
+        out += [_prepared(s, shape, dst_mesh, dst_coord) for s in plan.steps[k + 1:]]
+    return tuple(out)
 
 
 def execute(plan: ReshardPlan, arr, dtype) -> Any:
-    """This rank's piece after ``plan`` (an empty array on ranks outside the target mesh)."""
-    from .dist_tensor import empty_piece
-
-    shape = plan.shape
-    src_mesh, dst_mesh = plan.src_mesh, plan.dst_mesh
-    if src_mesh == dst_mesh:
-        if coord_of(src_mesh) is None:
-            return arr
-        out = execute_same_mesh(plan.steps, arr, shape, src_mesh)
-        return out if out is not arr else arr.copy()
-    me = get_rank()
-    src_coord, dst_coord = coord_of(src_mesh), coord_of(dst_mesh)
-    i = 0
-    if src_coord is not None and plan.steps[0].kind != "send_recv":
-        while plan.steps[i].kind != "send_recv":
-            arr = _run_step(plan.steps[i], arr, shape, src_mesh, src_coord)
-            i += 1
-    elif plan.steps[0].kind != "send_recv":
-        while plan.steps[i].kind != "send_recv":
-            i += 1
-    p2p = plan.steps[i]
-    recv = _cross_mesh_move(plan, p2p, arr, dtype, me, src_coord, dst_coord)
-    if dst_coord is None:
-        return empty_piece(shape, dtype, arr)
-    for step in plan.steps[i + 1:]:
-        recv = _run_step(step, recv, shape, dst_mesh, dst_coord)
-    return recv
+    """This rank's piece after ``plan``: always a new array (an empty one on ranks outside the
+    target mesh; ``arr`` itself on ranks outside both meshes)."""
+    steps = prepare(plan, np.dtype(dtype))
+    if not steps and coord_of(plan.src_mesh) is None:
+        return arr
+    out = arr
+    for s in steps:
+        out = s.fn(out)
+    return out if out is not arr else arr.copy()
 
 
 def _cross_mesh_move(plan: ReshardPlan, p2p: Step, arr, dtype, me, src_coord, dst_coord):

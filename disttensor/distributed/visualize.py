@@ -9,6 +9,9 @@ import numpy as np
 
 from spmd_rules import local_slices
 
+from ..tensor import Tensor
+from .mesh_groups import get_rank
+
 __all__ = ["visualize_sharding"]
 
 
@@ -48,9 +51,6 @@ def visualize_sharding(x, print_: bool = True) -> str:
     block and the ranks holding it (``P(sum)`` etc. marks blocks whose ranks hold addends of a
     Partial value rather than copies). Every tensor, whatever its rank, also gets a per-rank table:
     mesh coordinate, global index ranges, local shape and bytes."""
-    from ..tensor import Tensor
-    from .mesh_groups import get_rank
-
     if not isinstance(x, Tensor) or not x.is_dist():
         raise TypeError("visualize_sharding: x must be a distributed Tensor (made by shard_tensor "
                         "or dtensor_from_local)")

@@ -6,7 +6,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ..autograd import no_grad
+from ..ops import flatten
+from ..tape import no_grad
 from ..tensor import Tensor
 from . import functional as F
 from .layer import Layer
@@ -180,8 +181,6 @@ class Flatten(Layer):
         self.start_axis, self.stop_axis = start_axis, stop_axis
 
     def forward(self, x: Tensor) -> Tensor:
-        from ..ops import flatten
-
         return flatten(x, self.start_axis, self.stop_axis)
 
     def extra_repr(self) -> str:

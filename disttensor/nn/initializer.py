@@ -14,8 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..autograd import no_grad
-from ..ops.creation import default_generator
+from ..tape import no_grad
+from ..generator import default_generator
+from ..ops.common import as_tensor
 from ..tensor import Tensor
 
 __all__ = ["Initializer", "Constant", "Normal", "Uniform", "XavierUniform", "XavierNormal",
@@ -67,8 +68,6 @@ class Initializer:
             raise TypeError(f"{type(self).__name__}: parameter '{param._label()}' has dtype "
                             f"{dtype.name}; random initializers need a floating dtype")
         values = self.sample(tuple(param.shape), dtype)
-        from ..ops.common import as_tensor
-
         with no_grad():
             param.copy_(as_tensor(values, param))
         return param

@@ -16,9 +16,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..autograd import no_grad
+from ..tape import no_grad
 from ..dtype import to_np_dtype
-from ..tensor import DenseTensor, Tensor
+from ..ops import cast, to_tensor, zeros, zeros_like
+from ..ops.common import as_tensor
+from ..tensor import Tensor
 from .initializer import Constant, Initializer, XavierUniform
 
 __all__ = ["Layer", "Parameter", "ParamAttr", "create_parameter"]
@@ -116,10 +118,9 @@ def create_parameter(shape: Sequence[int], dtype: Any = "float32", name: str | N
                                                        else XavierUniform())
     pname = attr.name or name or _unique_name("_generated_var" if not is_bias else "_bias")
     if isinstance(init, Initializer):
-        value = DenseTensor(np.ascontiguousarray(init.sample(shape, d), dtype=d))
+        value = to_tensor(init.sample(shape, d), dtype=d)._value
         return Parameter(value, pname, attr.trainable, attr.learning_rate)
-    param = Parameter(DenseTensor(np.zeros(shape, dtype=d)), pname, attr.trainable,
-                      attr.learning_rate)
+    param = Parameter(zeros(shape, dtype=d)._value, pname, attr.trainable, attr.learning_rate)
     init(param)
     return param
 
@@ -461,8 +462,6 @@ class Layer:
                                       "is not supported; create tensors on their place")
         if dtype is None:
             return self
-        from ..ops import cast
-
         d = to_np_dtype(dtype)
         with no_grad():
             for t in self.parameters() + self.buffers():
@@ -491,9 +490,6 @@ class Layer:
 
 def _copy_into(target: Tensor, value: Any) -> None:
     """Write ``value`` into ``target`` inplace (kept: identity, dtype, views, placements)."""
-    from ..ops import cast
-    from ..ops.common import as_tensor
-
     if isinstance(value, Tensor):
         if np.dtype(value.dtype) != np.dtype(target.dtype):
             value = cast(value, target.dtype)
@@ -504,8 +500,6 @@ def _copy_into(target: Tensor, value: Any) -> None:
 
 def _clear_grads(params: Sequence[Tensor], set_to_zero: bool) -> None:
     """Zero (a fresh zero tensor: a grad may alias another tensor) or drop each ``.grad``."""
-    from ..ops import zeros_like
-
     with no_grad():
         for p in params:
             if p.grad is not None:

@@ -6,10 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from ..dispatch import apply
 from ..dtype import to_np_dtype
+from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
-from .common import as_tensor, normalize_axis
-from .registry import OPS, apply, grad_op_backward, register
+from .common import as_tensor, grad_op_backward, normalize_axis
+from .elementwise import cast
 
 
 def _shifted(xp, x, axis):
@@ -29,27 +31,25 @@ def _log_softmax_kernel(xp, x, axis):
     return z - xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))
 
 
-@register("softmax_grad", rule="softmax")
 def _softmax_grad_kernel(xp, out, dout, axis):
     """d softmax: ``out * (dout - sum(dout * out, axis))``."""
     return out * (dout - xp.sum(dout * out, axis=axis, keepdims=True))
 
 
-@register("log_softmax_grad", rule="softmax")
 def _log_softmax_grad_kernel(xp, out, dout, axis):
     """d log_softmax: ``dout - exp(out) * sum(dout, axis)``."""
     return dout - xp.exp(out) * xp.sum(dout, axis=axis, keepdims=True)
 
 
-register("softmax", backward=grad_op_backward("softmax_grad"), rule="softmax",
-         save_outputs=(0,))(_softmax_kernel)
-register("log_softmax", backward=grad_op_backward("log_softmax_grad"), rule="softmax",
-         save_outputs=(0,))(_log_softmax_kernel)
+register("softmax_grad", _softmax_grad_kernel, rule="softmax", reuse=(1,))
+register("log_softmax_grad", _log_softmax_grad_kernel, rule="softmax", reuse=(1,))
+register("softmax", _softmax_kernel, backward=grad_op_backward("softmax_grad"), rule="softmax",
+         save_outputs=(0,), reuse=(0,), dtype=same_dtype(0))
+register("log_softmax", _log_softmax_kernel, backward=grad_op_backward("log_softmax_grad"),
+         rule="softmax", save_outputs=(0,), reuse=(0,), dtype=same_dtype(0))
 
 
 def _prepare(op: str, x: Any, axis: int, dtype: Any) -> tuple[Tensor, dict]:
-    from .elementwise import cast
-
     x = as_tensor(x)
     if dtype is not None:
         x = cast(x, to_np_dtype(dtype))
@@ -61,6 +61,7 @@ def _prepare(op: str, x: Any, axis: int, dtype: Any) -> tuple[Tensor, dict]:
     return x, {"axis": normalize_axis(op, axis, x.ndim)}
 
 
+@public()
 def softmax(x: Tensor, axis: int = -1, dtype: Any = None, name: str | None = None) -> Tensor:
     """``exp(x) / sum(exp(x), axis)`` computed as ``exp(x - max) / sum(exp(x - max))``;
     ``dtype`` casts x first (Paddle ``F.softmax``)."""
@@ -68,6 +69,7 @@ def softmax(x: Tensor, axis: int = -1, dtype: Any = None, name: str | None = Non
     return apply(OPS["softmax"], (x,), attrs)
 
 
+@public()
 def log_softmax(x: Tensor, axis: int = -1, dtype: Any = None, name: str | None = None) -> Tensor:
     """``x - log(sum(exp(x), axis))`` computed with the max shifted out (Paddle
     ``F.log_softmax``)."""

@@ -1,11 +1,32 @@
-"""Helpers shared by the op families: scalar promotion and gradient un-broadcasting."""
+"""Helpers shared by the op families: constants from Python values, axis checks, gradient
+un-broadcasting and the backward of ops whose gradient is a registered ``*_grad`` op.
+
+Backward helpers call ops by name through the registry (``apply(OPS[name], ...)``), so the
+family modules import each other in one direction only."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..tensor import DenseTensor, Tensor
+from ..dispatch import apply
+from ..schema import OPS
+from ..tensor import Tensor
+
+__all__ = ["as_tensor", "constant", "sum_to_shape", "reduce_sum", "normalize_axis",
+           "normalize_axes", "grad_op_backward"]
+
+
+def constant(value: Any, dtype: Any, like: Tensor | None = None) -> Tensor:
+    """A dense tensor holding ``value`` (a copy) as ``dtype`` on ``like``'s device (creation op
+    ``assign_value``)."""
+    place = None
+    if like is not None:
+        arr = like._local_array()
+        if not isinstance(arr, np.ndarray):
+            place = f"gpu:{arr.device.id}"
+    return apply(OPS["assign_value"], (), {"value": value, "dtype": np.dtype(dtype),
+                                           "place": place})
 
 
 def as_tensor(x: Any, like: Any = None) -> Tensor:
@@ -15,24 +36,26 @@ def as_tensor(x: Any, like: Any = None) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (bool, int, float, np.number, np.ndarray, list, tuple)):
+        kind = np.asarray(x).dtype.kind if not isinstance(x, float) else "f"
         if isinstance(like, Tensor):
             dtype = np.dtype(like.dtype)
-            kind = np.asarray(x).dtype.kind
             if kind == "f" and dtype.kind in "iub":
                 dtype = np.dtype(np.float32)
             elif kind in "iu" and dtype.kind == "b":  # a number never becomes a bool
                 dtype = np.dtype(np.int64)
-            arr = like._local_array()
-            xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
-        else:
-            xp = np
-            dtype = np.asarray(x).dtype
-            if dtype.kind == "f":
-                dtype = np.dtype(np.float32)
-            elif dtype.kind in "iu":
-                dtype = np.dtype(np.int64)
-        return Tensor(DenseTensor(xp.asarray(x, dtype=dtype)))
+            return constant(x, dtype, like)
+        dtype = np.asarray(x).dtype
+        if dtype.kind == "f":
+            dtype = np.dtype(np.float32)
+        elif dtype.kind in "iu":
+            dtype = np.dtype(np.int64)
+        return constant(x, dtype)
     raise TypeError(f"expected a Tensor or a number, got {type(x).__name__}")
+
+
+def reduce_sum(g: Tensor, axes: Sequence[int], keepdim: bool = False) -> Tensor:
+    """``sum(g, axes)`` keeping g's dtype (for backward functions)."""
+    return apply(OPS["sum"], (g,), {"axis": tuple(axes), "keepdim": keepdim, "dtype": None})
 
 
 def sum_to_shape(g: Tensor, shape: Sequence[int]) -> Tensor:
@@ -41,34 +64,44 @@ def sum_to_shape(g: Tensor, shape: Sequence[int]) -> Tensor:
     shape = tuple(shape)
     if gshape == shape:
         return g
-    from .reduction import sum as _sum
-    from .shape import reshape_to
-
     lead = len(gshape) - len(shape)
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1)
-    out = _sum(g, axis=list(axes), keepdim=False) if axes else g
-    return reshape_to(out, shape) if tuple(out.shape) != shape else out
+    out = reduce_sum(g, axes) if axes else g
+    if tuple(out.shape) != shape:
+        out = apply(OPS["reshape"], (out,), {"shape": shape})
+    return out
 
 
 def normalize_axis(op: str, axis: int, ndim: int, arg: str = "axis") -> int:
-    """A non-negative axis, or a ValueError naming the op."""
+    """A non-negative axis, or an error naming the op and the argument."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"{op}: {arg} must be an int, got {type(axis).__name__}")
+        raise TypeError(f"{op}: {arg} must be an int, got {type(axis).__name__} {axis!r}")
     if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise ValueError(f"{op}: {arg}={axis} is out of range for a tensor of rank {ndim}")
     return int(axis) % max(ndim, 1)
 
 
-def normalize_axes(op: str, axis: Any, ndim: int) -> tuple[int, ...]:
+def normalize_axes(op: str, axis: Any, ndim: int, arg: str = "axis") -> tuple[int, ...]:
     """Axes as a sorted tuple of non-negative ints; None means all axes."""
     if axis is None:
         return tuple(range(ndim))
     if isinstance(axis, Tensor):
         axis = axis.tolist()
-    if isinstance(axis, (int, np.integer)):
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
         axis = [axis]
-    axes = tuple(sorted(normalize_axis(op, a, ndim) for a in axis))
+    if not isinstance(axis, (list, tuple)):
+        raise TypeError(f"{op}: {arg} must be an int, a list of ints or None, got "
+                        f"{type(axis).__name__} {axis!r}")
+    axes = tuple(sorted(normalize_axis(op, a, ndim, arg) for a in axis))
     if len(set(axes)) != len(axes):
-        raise ValueError(f"{op}: axis {list(axis)} repeats an axis")
+        raise ValueError(f"{op}: {arg} {list(axis)} repeats an axis")
     return axes
+
+
+def grad_op_backward(grad_op: str) -> Callable:
+    """A backward that runs the registered ``grad_op`` on (the first saved value, dout) with
+    the forward's attrs (relu_grad, gelu_grad, clip_grad, softmax_grad, ...)."""
+    def backward(node, g):
+        return apply(OPS[grad_op], (node.saved_tensor(0), g), node.attrs)
+    return backward

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dispatch import apply
+from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor
-from .registry import OPS, apply, register
 
 
 def _check_ids(xp, op: str, ids, vocab: int) -> None:
@@ -35,7 +36,7 @@ def _embedding_kernel(xp, ids, weight, padding_idx, ctx):
     return out
 
 
-def _scatter_add(xp, dst, index, values) -> None:
+def scatter_add(xp, dst, index, values) -> None:
     """``dst[index] += values`` with repeated indices accumulated."""
     if xp is np:
         np.add.at(dst, index, values)
@@ -45,7 +46,6 @@ def _scatter_add(xp, dst, index, values) -> None:
         cupyx.scatter_add(dst, index, values)
 
 
-@register("embedding_grad", rule="embedding_grad")
 def _embedding_grad_kernel(xp, ids, dout, num_embeddings, padding_idx):
     """dweight [num_embeddings, D]: rows of dout scatter-added at their ids (padding_idx rows
     get nothing)."""
@@ -55,7 +55,7 @@ def _embedding_grad_kernel(xp, ids, dout, num_embeddings, padding_idx):
     if padding_idx is not None:
         keep = ids_f != padding_idx
         ids_f, rows = ids_f[keep], rows[keep]
-    _scatter_add(xp, dweight, ids_f, rows)
+    scatter_add(xp, dweight, ids_f, rows)
     return dweight
 
 
@@ -65,10 +65,13 @@ def _embedding_bwd(node, g):
     return None, apply(OPS["embedding_grad"], (node.saved_tensor(0), g), attrs)
 
 
-register("embedding", backward=_embedding_bwd, rule="embedding", save_inputs=(0,),
-         grad_inputs=(1,), needs_ctx=True)(_embedding_kernel)
+register("embedding_grad", _embedding_grad_kernel, rule="embedding_grad", dtype=same_dtype(1))
+register("embedding", _embedding_kernel, backward=_embedding_bwd, rule="embedding",
+         save_inputs=(0,), grad_inputs=(1,), needs_ctx=True, no_need_buffer=(1,),
+         dtype=same_dtype(1))
 
 
+@public()
 def embedding(x: Tensor, weight: Tensor, padding_idx: int | None = None, sparse: bool = False,
               name: str | None = None) -> Tensor:
     """Rows of ``weight`` [V, D] picked by the integer ids ``x`` -> shape ``x.shape + [D]``.

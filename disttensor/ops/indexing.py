@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from ..dispatch import apply
+from ..schema import OPS, fixed_dtype, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, normalize_axis
-from .embedding import _scatter_add
-from .registry import OPS, apply, register
+from .embedding import scatter_add
 
 
 def _check_range(op: str, arg: str, idx, n: int) -> None:
@@ -25,14 +26,13 @@ def _gather_kernel(xp, x, index, axis):
     return xp.take(x, index, axis=axis)
 
 
-@register("gather_grad", rule="gather_grad")
 def _gather_grad_kernel(xp, index, dout, axis, input_shape):
     """dx: dout's slices scatter-added at ``index`` along ``axis`` (dx's size there is
     ``input_shape[axis]``; the other dims follow dout)."""
     shape = list(dout.shape)
     shape[axis] = input_shape[axis]
     dx = xp.zeros(shape, dtype=dout.dtype)
-    _scatter_add(xp, xp.moveaxis(dx, axis, 0), index, xp.moveaxis(dout, axis, 0))
+    scatter_add(xp, xp.moveaxis(dx, axis, 0), index, xp.moveaxis(dout, axis, 0))
     return dx
 
 
@@ -41,14 +41,17 @@ def _gather_bwd(node, g):
     return apply(OPS["gather_grad"], (node.saved_tensor(0), g), attrs), None
 
 
-register("gather", backward=_gather_bwd, rule="gather", save_inputs=(1,),
-         grad_inputs=(0,))(_gather_kernel)
+register("gather_grad", _gather_grad_kernel, rule="gather_grad", dtype=same_dtype(1))
+register("gather", _gather_kernel, backward=_gather_bwd, rule="gather", save_inputs=(1,),
+         grad_inputs=(0,), no_need_buffer=(0,), dtype=same_dtype(0))
 
 
-@register("one_hot", rule="one_hot")
 def _one_hot_kernel(xp, x, num_classes):
     _check_range("one_hot", "x", x, num_classes)
     return (x[..., None] == xp.arange(num_classes)).astype(np.float32)
+
+
+register("one_hot", _one_hot_kernel, rule="one_hot", dtype=fixed_dtype(np.float32))
 
 
 def _index(op: str, index: Any) -> Tensor:
@@ -60,6 +63,7 @@ def _index(op: str, index: Any) -> Tensor:
     return index
 
 
+@public(methods=True)
 def gather(x: Tensor, index: Any, axis: int | None = None, name: str | None = None) -> Tensor:
     """Slices of ``x`` along ``axis`` (default 0) at the 1-d integer ``index`` (each in
     [0, x.shape[axis])); the output has ``len(index)`` there."""
@@ -71,11 +75,13 @@ def gather(x: Tensor, index: Any, axis: int | None = None, name: str | None = No
     return apply(OPS["gather"], (x, index), {"axis": axis})
 
 
+@public(methods=True)
 def index_select(x: Tensor, index: Any, axis: int = 0, name: str | None = None) -> Tensor:
     """Same as :func:`gather` (Paddle ``index_select``)."""
     return gather(x, index, axis)
 
 
+@public()
 def one_hot(x: Tensor, num_classes: int, name: str | None = None) -> Tensor:
     """float32 one-hot vectors: shape ``x.shape + [num_classes]``; values of x must be in
     [0, num_classes). Not differentiable."""

@@ -12,9 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from ..dispatch import apply
+from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
+from .activation import log_softmax, softmax
 from .common import as_tensor, normalize_axis
-from .registry import OPS, apply, register
+from .elementwise import cast, divide, log, maximum, multiply, neg, not_equal, scale, subtract, where
+from .indexing import gather, one_hot
+from .reduction import mean as _mean
+from .reduction import sum as _sum
+from .shape import reshape, reshape_to, squeeze, transpose
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -54,7 +61,6 @@ def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
     return e / s, loss
 
 
-@register("cross_entropy_grad", rule="cross_entropy_grad", needs_ctx=True)
 def _ce_grad_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx):
     """dlogits = (softmax - onehot(label)) * dloss, zero on ignored rows; the one-hot uses this
     piece's global class indices."""
@@ -74,9 +80,11 @@ def _ce_bwd(node, g_softmax, g_loss):
     return apply(OPS["cross_entropy_grad"], (sm, label, g_loss), node.attrs), None
 
 
-register("cross_entropy", backward=_ce_bwd, rule="cross_entropy", n_out=2, save_inputs=(1,),
-         save_outputs=(0,), nondiff_outputs=frozenset({0}), grad_inputs=(0,),
-         needs_ctx=True)(_ce_kernel)
+register("cross_entropy_grad", _ce_grad_kernel, rule="cross_entropy_grad", needs_ctx=True,
+         reuse=(0,), dtype=same_dtype(0))
+register("cross_entropy", _ce_kernel, backward=_ce_bwd, rule="cross_entropy", n_out=2,
+         save_inputs=(1,), save_outputs=(0,), nondiff_outputs=frozenset({0}), grad_inputs=(0,),
+         needs_ctx=True, no_need_buffer=(0,), dtype=same_dtype(0, n_out=2))
 
 
 # -- public functions ------------------------------------------------------------------------
@@ -116,12 +124,10 @@ def _check_soft_label(op: str, x: Tensor, label: Any) -> Tensor:
 
 def _soft_ce(logp: Tensor, soft: Tensor, axis: int) -> Tensor:
     """``-sum(soft * logp, axis, keepdim=True)``."""
-    from .elementwise import multiply, neg
-    from .reduction import sum as _sum
-
     return neg(_sum(multiply(soft, logp), axis=axis, keepdim=True))
 
 
+@public()
 def softmax_with_cross_entropy(logits: Tensor, label: Tensor, soft_label: bool = False,
                                ignore_index: int = -100, numeric_stable_mode: bool = True,
                                return_softmax: bool = False, axis: int = -1
@@ -136,8 +142,6 @@ def softmax_with_cross_entropy(logits: Tensor, label: Tensor, soft_label: bool =
     op = "softmax_with_cross_entropy"
     logits, axis = _check_logits(op, logits, axis)
     if soft_label:
-        from .activation import log_softmax, softmax
-
         label = _check_soft_label(op, logits, label)
         loss = _soft_ce(log_softmax(logits, axis), label, axis)
         return (loss, softmax(logits, axis)) if return_softmax else loss
@@ -149,13 +153,12 @@ def softmax_with_cross_entropy(logits: Tensor, label: Tensor, soft_label: bool =
 
 def _class_vector(weight: Tensor, ndim: int, axis: int) -> Tensor:
     """A [C] tensor reshaped to broadcast along ``axis`` of an ndim tensor."""
-    from .shape import reshape_to
-
     shape = [1] * ndim
     shape[axis] = weight.shape[0]
     return reshape_to(weight, shape)
 
 
+@public()
 def cross_entropy(input: Tensor, label: Tensor, weight: Tensor | None = None,
                   ignore_index: int = -100, reduction: str = "mean", soft_label: bool = False,
                   axis: int = -1, use_softmax: bool = True, label_smoothing: float = 0.0,
@@ -171,13 +174,6 @@ def cross_entropy(input: Tensor, label: Tensor, weight: Tensor | None = None,
     labels (hard, no weight; 0 labels give 0), by the summed per-sample weights (with weight),
     or by the number of samples (soft).
     """
-    from .activation import log_softmax
-    from .elementwise import cast, divide, log, maximum, multiply, not_equal, scale, where
-    from .indexing import gather, one_hot
-    from .reduction import mean as _mean
-    from .reduction import sum as _sum
-    from .shape import reshape, reshape_to, squeeze, transpose
-
     op = "cross_entropy"
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{op}: reduction must be one of {list(_REDUCTIONS)}, got {reduction!r}")
@@ -256,13 +252,10 @@ def cross_entropy(input: Tensor, label: Tensor, weight: Tensor | None = None,
     return squeeze(loss, [axis]) if squeeze_back else loss
 
 
+@public()
 def mse_loss(input: Tensor, label: Tensor, reduction: str = "mean",
              name: str | None = None) -> Tensor:
     """``(input - label) ** 2`` reduced by "mean", "sum" or "none" (Paddle ``F.mse_loss``)."""
-    from .elementwise import multiply, subtract
-    from .reduction import mean as _mean
-    from .reduction import sum as _sum
-
     if reduction not in _REDUCTIONS:
         raise ValueError(f"mse_loss: reduction must be one of {list(_REDUCTIONS)}, got "
                          f"{reduction!r}")

@@ -2,22 +2,22 @@
 transposes of the last two axes. Rule: ``matmul``."""
 from __future__ import annotations
 
+from ..dispatch import apply
+from ..schema import OPS, public, register
 from ..tensor import Tensor
 from .common import as_tensor, sum_to_shape
-from .registry import OPS, apply, register
+from .shape import reshape_to as reshape
 
 
-def _matmul_kernel(xp, x, y, transpose_x=False, transpose_y=False):
+def _matmul_kernel(xp, x, y, transpose_x=False, transpose_y=False, out=None):
     if transpose_x and x.ndim >= 2:
         x = xp.swapaxes(x, -1, -2)
     if transpose_y and y.ndim >= 2:
         y = xp.swapaxes(y, -1, -2)
-    return xp.matmul(x, y)
+    return xp.matmul(x, y) if out is None else xp.matmul(x, y, out=out)
 
 
 def _matmul_bwd(node, g):
-    from .shape import reshape_to as reshape
-
     x, y = node.saved_tensor(0), node.saved_tensor(1)
     tx = node.attrs.get("transpose_x", False) and x.ndim > 1
     ty = node.attrs.get("transpose_y", False) and y.ndim > 1
@@ -41,10 +41,12 @@ def _matmul_bwd(node, g):
     return gx, gy
 
 
-register("matmul", backward=_matmul_bwd, rule="matmul", save_inputs=(0, 1))(_matmul_kernel)
+register("matmul", _matmul_kernel, backward=_matmul_bwd, rule="matmul", save_inputs=(0, 1),
+         accepts_out=True)
 _MATMUL = OPS["matmul"]
 
 
+@public(methods=("matmul", "__matmul__"), rmethods=("__rmatmul__",))
 def matmul(x: Tensor, y: Tensor, transpose_x: bool = False, transpose_y: bool = False,
            name: str | None = None) -> Tensor:
     """``x @ y`` (numpy matmul semantics) with the last two axes of x / y optionally swapped."""

@@ -17,9 +17,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..dispatch import apply, check_inplace_target
+from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor
-from .registry import OPS, apply, check_inplace_target, register
+from .shape import reshape_to
 
 # -- layer_norm ----------------------------------------------------------------------------------
 
@@ -40,7 +42,6 @@ def _layer_norm_kernel(xp, x, weight, bias, begin_norm_axis, epsilon):
     return out.astype(x.dtype, copy=False), mean.reshape(lead), rstd.reshape(lead)
 
 
-@register("layer_norm_grad", rule="layer_norm_grad", n_out=3)
 def _layer_norm_grad_kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon):
     """(dx, dweight, dbias); dweight/dbias have weight's shape (x.shape[b:] without weight)."""
     b = begin_norm_axis
@@ -61,8 +62,6 @@ def _layer_norm_grad_kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, ep
 
 
 def _layer_norm_bwd(node, g, *_):
-    from .shape import reshape_to
-
     x, w, mean, rstd = (node.saved_tensor(i) for i in range(4))
     dx, dw, db = apply(OPS["layer_norm_grad"], (x, w, mean, rstd, g), node.attrs)
     _, sw, sb = node.in_shapes
@@ -71,15 +70,23 @@ def _layer_norm_bwd(node, g, *_):
     return dx, (dw if sw is not None else None), (db if sb is not None else None)
 
 
-register("layer_norm", backward=_layer_norm_bwd, rule="layer_norm", n_out=3,
-         save_inputs=(0, 1), save_outputs=(1, 2),
-         nondiff_outputs=frozenset({1, 2}))(_layer_norm_kernel)
+def _ln_grad_dtype(dtypes, attrs) -> tuple:
+    x, dout = np.dtype(dtypes[0]), np.dtype(dtypes[4])
+    return x, np.result_type(dout, x), dout
+
+
+register("layer_norm_grad", _layer_norm_grad_kernel, rule="layer_norm_grad", n_out=3,
+         dtype=_ln_grad_dtype)
+register("layer_norm", _layer_norm_kernel, backward=_layer_norm_bwd, rule="layer_norm", n_out=3,
+         save_inputs=(0, 1), save_outputs=(1, 2), nondiff_outputs=frozenset({1, 2}),
+         dtype=same_dtype(0, n_out=3))
 
 
 def _prod(xs) -> int:
     return int(np.prod(list(xs), dtype=np.int64))
 
 
+@public()
 def layer_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
                bias: Tensor | None = None, epsilon: float = 1e-5,
                name: str | None = None) -> Tensor:
@@ -158,7 +165,6 @@ def _batch_norm_kernel(xp, x, running_mean, running_var, weight, bias, training,
     return out.astype(x.dtype, copy=False), running_mean, running_var, mean, rstd
 
 
-@register("batch_norm_grad", rule="batch_norm_grad", n_out=3, needs_ctx=True)
 def _batch_norm_grad_kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats,
                             data_format, ctx):
     """(dx, dweight, dbias). The per-channel sums of dout and dout * xhat are all-reduced over
@@ -187,16 +193,31 @@ def _batch_norm_bwd(node, g, *_):
     return dx, None, None, dw, db
 
 
+def _bn_grad_dtype(dtypes, attrs) -> tuple:
+    x = np.dtype(dtypes[0])
+    stat = np.result_type(dtypes[4], x)
+    return x, stat, stat
+
+
+def _bn_dtype(dtypes, attrs) -> tuple:
+    x = np.dtype(dtypes[0])
+    return x, np.dtype(dtypes[1]), np.dtype(dtypes[2]), x, x
+
+
+register("batch_norm_grad", _batch_norm_grad_kernel, rule="batch_norm_grad", n_out=3,
+         needs_ctx=True, dtype=_bn_grad_dtype)
 _BN_SPEC = dict(backward=_batch_norm_bwd, rule="batch_norm", n_out=5, save_inputs=(0, 3),
-                save_outputs=(3, 4), view=((1, 1), (2, 2)), nondiff_outputs=frozenset({1, 2, 3, 4}),
-                grad_inputs=(0, 3, 4), needs_ctx=True)
-# Training (batch statistics): the kernel writes the running statistics (inputs 1 and 2), so the
-# dispatcher bumps their version. Inference (running statistics): the same kernel, nothing is
-# written, so a separate entry without ``mutates``.
-register("batch_norm", mutates=(1, 2), **_BN_SPEC)(_batch_norm_kernel)
-register("batch_norm_infer", **_BN_SPEC)(_batch_norm_kernel)
+                save_outputs=(3, 4), nondiff_outputs=frozenset({1, 2, 3, 4}),
+                grad_inputs=(0, 3, 4), needs_ctx=True, dtype=_bn_dtype)
+# Training (batch statistics): the kernel updates the running statistics (inputs 1 and 2) in
+# place: outputs 1 and 2 *are* those tensors (mean -> mean_out, variance -> variance_out, as
+# Paddle's batch_norm_). Inference: the same kernel writes nothing; its outputs 1 and 2 are
+# views of the running statistics.
+register("batch_norm", _batch_norm_kernel, mutates=((1, 1), (2, 2)), **_BN_SPEC)
+register("batch_norm_infer", _batch_norm_kernel, view=((1, 1), (2, 2)), **_BN_SPEC)
 
 
+@public()
 def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor,
                weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
                momentum: float = 0.9, epsilon: float = 1e-5, data_format: str = "NCHW",

@@ -1,31 +1,63 @@
-"""Fused optimizer updates (like Paddle's ``adam_`` / ``sgd_`` kernels): one op per parameter
-and step instead of a dozen elementwise ones. Each writes the parameter (and its moments) in
-place (``mutates``); the step-dependent scalars arrive as 0-d tensors, so the distributed
-dispatcher's cached decision is reused across steps. Rule: ``elementwise`` (the parameter,
-gradient and moments share one layout)."""
+"""Fused optimizer updates (Paddle's ``adam_`` / ``momentum_`` / ``sgd_`` kernels): one op per
+parameter and step. Each declares the tensors it updates in place as ``mutates`` pairs — the
+parameter, its moments or velocity, Adam's beta powers — so every output *is* the input tensor
+(same holder, same version counter, bumped). The learning rate arrives as a 0-d tensor (a
+``host_scalar`` read when the op runs) and the beta powers are state tensors updated by the
+kernel, so a captured step replays every later step correctly. Rule: ``elementwise`` (the
+parameter, gradient and states share one layout; scalars broadcast)."""
 from __future__ import annotations
 
-from .registry import register
+from ..schema import register, same_dtype
 
 
-@register("adam_update", rule="elementwise", mutates=(0, 2, 3))
-def _adam_kernel(xp, param, grad, moment1, moment2, lr_t, c2, decay, beta1, beta2, epsilon, l2):
-    """One Adam(W) step in place: ``param *= decay`` (AdamW's decoupled weight decay),
+def _scalar(a) -> float:
+    """A one-element array as a Python float (keeps the update in the parameter's dtype)."""
+    return float(a.reshape(-1)[0])
+
+
+def _adam_kernel(xp, param, grad, moment1, moment2, beta1_pow, beta2_pow, lr, beta1, beta2,
+                 epsilon, l2, weight_decay, lr_scale):
+    """One Adam(W) step in place. With ``t`` the step (the beta powers become ``b**t``) and
+    ``lr = lr * lr_scale``: ``param *= 1 - lr * weight_decay`` (AdamW's decoupled decay),
     ``g = grad + l2 * param`` (Adam's L2 term), ``m = b1*m + (1-b1)*g``,
-    ``v = b2*v + (1-b2)*g*g``, ``param -= lr_t * m / (sqrt(v) * c2 + epsilon)`` where
-    ``lr_t = lr / (1 - b1**t)`` and ``c2 = 1 / sqrt(1 - b2**t)``."""
+    ``v = b2*v + (1-b2)*g*g``, ``param -= lr / (1 - b1**t) * m / (sqrt(v / (1 - b2**t)) + eps)``."""
+    beta1_pow *= beta1
+    beta2_pow *= beta2
+    lr_v = _scalar(lr) * lr_scale
+    lr_t = lr_v / (1.0 - _scalar(beta1_pow))
+    c2 = 1.0 / (1.0 - _scalar(beta2_pow)) ** 0.5
     g = grad + l2 * param if l2 else grad
-    param *= decay
+    if weight_decay:
+        param *= 1.0 - lr_v * weight_decay
     moment1 *= beta1
     moment1 += (1.0 - beta1) * g
     moment2 *= beta2
     moment2 += (1.0 - beta2) * (g * g)
     param -= lr_t * moment1 / (xp.sqrt(moment2) * c2 + epsilon)
-    return param
+    return param, moment1, moment2, beta1_pow, beta2_pow
 
 
-@register("sgd_update", rule="elementwise", mutates=(0,))
-def _sgd_kernel(xp, param, grad, lr, l2):
+def _momentum_kernel(xp, param, grad, velocity, lr, mu, use_nesterov, l2, lr_scale):
+    """One SGD-with-momentum step in place: ``g = grad + l2 * param``, ``v = mu * v + g``,
+    ``param -= lr * v`` (Nesterov: ``param -= lr * (g + mu * v)``)."""
+    lr_v = _scalar(lr) * lr_scale
+    g = grad + l2 * param if l2 else grad
+    velocity *= mu
+    velocity += g
+    param -= lr_v * (g + mu * velocity if use_nesterov else velocity)
+    return param, velocity
+
+
+def _sgd_kernel(xp, param, grad, lr, l2, lr_scale):
     """One plain SGD step in place: ``param -= lr * (grad + l2 * param)``."""
-    param -= lr * (grad + l2 * param if l2 else grad)
+    param -= _scalar(lr) * lr_scale * (grad + l2 * param if l2 else grad)
     return param
+
+
+register("adam_update", _adam_kernel, rule="elementwise", n_out=5,
+         mutates=((0, 0), (2, 1), (3, 2), (4, 3), (5, 4)), dtype=lambda d, a: (
+             d[0], d[2], d[3], d[4], d[5]), rule_attrs={"num_outputs": 5})
+register("momentum_update", _momentum_kernel, rule="elementwise", n_out=2,
+         mutates=((0, 0), (2, 1)), dtype=lambda d, a: (d[0], d[2]),
+         rule_attrs={"num_outputs": 2})
+register("sgd_update", _sgd_kernel, rule="elementwise", mutates=((0, 0),), dtype=same_dtype(0))

@@ -4,15 +4,20 @@ The keep-mask is a pure function of (seed, global linear index of the element): 
 hash of ``key(seed) + (index + 1) * golden`` turned into a uniform in [0, 1) and compared with
 ``p``. The kernel builds the global indices of its piece from ``ctx.offset``/``ctx.global_shape``,
 so a distributed dropout draws exactly the dense mask for the same seed, whatever the placements.
+Without an explicit seed the kernel draws one from the global generator when it runs (a rank
+outside the mesh draws too), so a replayed program advances the generator as eager mode does.
 """
 from __future__ import annotations
 
 
 import numpy as np
 
+from ..dispatch import apply
+from ..generator import default_generator
+from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, normalize_axes
-from .registry import OPS, apply, register
+from .elementwise import assign, multiply, scale
 
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -54,7 +59,9 @@ def keep_mask(xp, seed: int, p: float, local_shape, global_shape, offsets):
 
 def _dropout_kernel(xp, x, p, mode, seed, axis, ctx):
     """(out, mask): mask (x's dtype, 0/1) is drawn per element, or per index of ``axis`` and
-    broadcast over the other axes."""
+    broadcast over the other axes; ``seed`` None draws one from the global generator."""
+    if seed is None:
+        seed = default_generator.next_seed()
     gshape = ctx.global_shape(0, x.shape)
     axes = range(x.ndim) if axis is None else axis
     mshape = [n if d in axes else 1 for d, n in enumerate(x.shape)]
@@ -70,8 +77,6 @@ def _dropout_kernel(xp, x, p, mode, seed, axis, ctx):
 
 
 def _dropout_bwd(node, g, _):
-    from .elementwise import multiply, scale
-
     p = node.attrs["p"]
     gx = multiply(g, node.saved_tensor(0))
     if node.attrs["mode"] == "upscale_in_train" and p < 1.0:
@@ -79,11 +84,12 @@ def _dropout_bwd(node, g, _):
     return gx
 
 
-register("dropout", backward=_dropout_bwd, rule="elementwise", n_out=2, save_outputs=(1,),
-         nondiff_outputs=frozenset({1}), needs_ctx=True,
-         rule_attrs={"num_outputs": 2})(_dropout_kernel)
+register("dropout", _dropout_kernel, backward=_dropout_bwd, rule="elementwise", n_out=2,
+         save_outputs=(1,), nondiff_outputs=frozenset({1}), needs_ctx=True, random=True,
+         no_need_buffer=(0,), dtype=same_dtype(0, n_out=2), rule_attrs={"num_outputs": 2})
 
 
+@public()
 def dropout(x: Tensor, p: float = 0.5, axis: int | list[int] | None = None,
             training: bool = True, mode: str = "upscale_in_train", name: str | None = None,
             seed: int | None = None) -> Tensor:
@@ -95,8 +101,6 @@ def dropout(x: Tensor, p: float = 0.5, axis: int | list[int] | None = None,
     ``seed`` defaults to a draw from the global generator (``dt.seed``); the same seed gives the
     same mask, dense or distributed. p = 0 or inference returns a copy; p = 1 gives zeros.
     """
-    from .elementwise import assign, scale
-
     x = as_tensor(x)
     if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) \
             or not 0.0 <= float(p) <= 1.0:
@@ -111,9 +115,6 @@ def dropout(x: Tensor, p: float = 0.5, axis: int | list[int] | None = None,
         return assign(x) if mode == "upscale_in_train" else scale(x, 1.0 - p)
     if p == 0.0:
         return assign(x)
-    if seed is None:
-        from .creation import default_generator
-
-        seed = default_generator.next_seed()
-    attrs = {"p": p, "mode": mode, "seed": int(seed) & _M64, "axis": axes}
+    attrs = {"p": p, "mode": mode, "seed": None if seed is None else int(seed) & _M64,
+             "axis": axes}
     return apply(OPS["dropout"], (x,), attrs)[0]

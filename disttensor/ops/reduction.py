@@ -8,10 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from ..dispatch import apply
 from ..dtype import to_np_dtype
+from ..schema import DENSE_CTX, OPS, fixed_dtype, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, normalize_axes
-from .registry import DENSE_CTX, OPS, apply, register
+from .elementwise import cast, divide, equal, multiply, scale
+from .shape import expand, reshape_to
 
 
 def _keepdim_shape(shape, axes) -> list[int]:
@@ -20,8 +23,6 @@ def _keepdim_shape(shape, axes) -> list[int]:
 
 def _expand_back(g: Tensor, node) -> Tensor:
     """``g`` (the reduced grad) broadcast back to the input's shape."""
-    from .shape import expand, reshape_to
-
     (shape,) = node.in_shapes
     axes = node.attrs["axis"]
     if not node.attrs["keepdim"]:
@@ -55,9 +56,6 @@ def _extreme_kernel(xp, x, axis, keepdim, reduce_type, ctx=DENSE_CTX):
 
 def _extreme_bwd(node, g):
     """Gradient flows to the elements equal to the extreme, split evenly among ties."""
-    from .elementwise import cast, divide, equal, multiply
-    from .shape import expand
-
     x, out = node.saved_tensor(0), node.saved_tensor(1)
     out_b = _expand_back(out, node)
     mask = cast(equal(x, out_b), x.dtype)
@@ -65,28 +63,32 @@ def _extreme_bwd(node, g):
     return multiply(_expand_back(g, node), divide(mask, expand(count, list(x.shape))))
 
 
-register("sum", backward=_sum_bwd, rule="reduction",
-         rule_attrs={"reduce_type": "sum"})(_sum_kernel)
-register("max", backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
-         rule_attrs={"reduce_type": "max"}, needs_ctx=True)(
-    lambda xp, x, axis, keepdim, ctx: _extreme_kernel(xp, x, axis, keepdim, "max", ctx))
-register("min", backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
-         rule_attrs={"reduce_type": "min"}, needs_ctx=True)(
-    lambda xp, x, axis, keepdim, ctx: _extreme_kernel(xp, x, axis, keepdim, "min", ctx))
+def _sum_dtype(dtypes, attrs) -> tuple:
+    return (np.dtype(attrs["dtype"]) if attrs.get("dtype") is not None else np.dtype(dtypes[0]),)
+
+
+register("sum", _sum_kernel, backward=_sum_bwd, rule="reduction", dtype=_sum_dtype,
+         no_need_buffer=(0,), rule_attrs={"reduce_type": "sum"})
+register("max", lambda xp, x, axis, keepdim, ctx: _extreme_kernel(xp, x, axis, keepdim, "max", ctx),
+         backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
+         dtype=same_dtype(0), rule_attrs={"reduce_type": "max"}, needs_ctx=True)
+register("min", lambda xp, x, axis, keepdim, ctx: _extreme_kernel(xp, x, axis, keepdim, "min", ctx),
+         backward=_extreme_bwd, rule="reduction", save_inputs=(0,), save_outputs=(0,),
+         dtype=same_dtype(0), rule_attrs={"reduce_type": "min"}, needs_ctx=True)
 
 
 def _arg_kernel(xp, x, axis, keepdim, reduce_type):
     f = xp.argmax if reduce_type == "argmax" else xp.argmin
     if len(axis) == x.ndim and x.ndim != 1:
-        out = f(x.reshape(-1))
+        out = xp.asarray(f(x.reshape(-1))).astype(np.int64)
         return out.reshape([1] * x.ndim) if keepdim else out
     return f(x, axis=axis[0], keepdims=keepdim).astype(np.int64)
 
 
-register("argmax", rule="reduction", rule_attrs={"reduce_type": "argmax"})(
-    lambda xp, x, axis, keepdim: _arg_kernel(xp, x, axis, keepdim, "argmax"))
-register("argmin", rule="reduction", rule_attrs={"reduce_type": "argmin"})(
-    lambda xp, x, axis, keepdim: _arg_kernel(xp, x, axis, keepdim, "argmin"))
+register("argmax", lambda xp, x, axis, keepdim: _arg_kernel(xp, x, axis, keepdim, "argmax"),
+         rule="reduction", dtype=fixed_dtype(np.int64), rule_attrs={"reduce_type": "argmax"})
+register("argmin", lambda xp, x, axis, keepdim: _arg_kernel(xp, x, axis, keepdim, "argmin"),
+         rule="reduction", dtype=fixed_dtype(np.int64), rule_attrs={"reduce_type": "argmin"})
 
 
 def _reduce(x: Tensor, axis: Any, keepdim: bool, name: str, **extra) -> Tensor:
@@ -95,6 +97,7 @@ def _reduce(x: Tensor, axis: Any, keepdim: bool, name: str, **extra) -> Tensor:
     return apply(OPS[name], (x,), {"axis": axes, "keepdim": bool(keepdim), **extra})
 
 
+@public(methods=True)
 def sum(x: Tensor, axis: Any = None, dtype: Any = None, keepdim: bool = False,
         name: str | None = None) -> Tensor:
     """Sum over ``axis`` (None = all). Integer and bool inputs sum to int64, as in Paddle."""
@@ -105,10 +108,9 @@ def sum(x: Tensor, axis: Any = None, dtype: Any = None, keepdim: bool = False,
     return _reduce(x, axis, keepdim, "sum", dtype=d)
 
 
+@public(methods=True)
 def mean(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
     """Arithmetic mean over ``axis`` (None = all); floating inputs only."""
-    from .elementwise import scale
-
     x = as_tensor(x)
     if np.dtype(x.dtype).kind != "f":
         raise TypeError(f"mean: x must be floating, got {np.dtype(x.dtype).name}")
@@ -121,22 +123,26 @@ def mean(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = 
                  1.0 / count)
 
 
+@public(methods=True)
 def max(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
     """Maximum over ``axis`` (None = all); the gradient is split evenly among ties."""
     return _reduce(x, axis, keepdim, "max")
 
 
+@public(methods=True)
 def min(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
     """Minimum over ``axis`` (None = all); the gradient is split evenly among ties."""
     return _reduce(x, axis, keepdim, "min")
 
 
+@public(methods=True)
 def argmax(x: Tensor, axis: int | None = None, keepdim: bool = False,
            name: str | None = None) -> Tensor:
     """Index (int64) of the maximum along ``axis``; over the flattened tensor when None."""
     return _reduce(x, axis, keepdim, "argmax")
 
 
+@public(methods=True)
 def argmin(x: Tensor, axis: int | None = None, keepdim: bool = False,
            name: str | None = None) -> Tensor:
     """Index (int64) of the minimum along ``axis``; over the flattened tensor when None."""

@@ -1,6 +1,7 @@
-"""Shape ops. Views (output shares the input's buffer and version counter): reshape, flatten,
-squeeze, unsqueeze, transpose, basic slicing, split/chunk, detach. Copies: expand, tile, concat,
-stack. Inplace: ``__setitem__``."""
+"""Shape ops. Views (output shares the input's buffer and version counter): transpose, basic
+slicing, split/chunk, detach, and reshape (with flatten, squeeze, unsqueeze) whenever the strides
+allow — decided before the kernel runs, as numpy does; otherwise reshape copies. Copies: expand,
+tile, concat, stack. Inplace: ``__setitem__`` (``set_value``), ``zero_``, ``fill_``, ``copy_``."""
 from __future__ import annotations
 
 import math
@@ -8,11 +9,49 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from spmd_rules import local_shape
+
+from ..dispatch import apply, apply_inplace
+from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
-from .common import as_tensor, normalize_axes, normalize_axis, sum_to_shape
-from .registry import OPS, apply, apply_inplace, register
+from .common import as_tensor, normalize_axes, normalize_axis, reduce_sum, sum_to_shape
+from .creation import zeros
 
 _VIEW = ((0, 0),)
+_SAME = same_dtype(0)
+
+
+def reshape_is_view(shape: tuple[int, ...], strides: tuple[int, ...], attrs: dict) -> bool:
+    """Whether ``reshape`` of an array of ``shape``/``strides`` to ``attrs["shape"]`` can be a
+    view (numpy's no-copy reshape rule, C order): every group of old dims merged or split into
+    new dims must be contiguous within itself."""
+    new = attrs["shape"]
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    if any(n == 0 for n in shape) or not old:
+        return True
+    new_dims = [n for n in new if n != 1]
+    oi = ni = 0
+    while oi < len(old) and ni < len(new_dims):
+        oj, nj = oi + 1, ni + 1
+        op, np_ = old[oi][0], new_dims[ni]
+        while op != np_:
+            if np_ < op:
+                np_ *= new_dims[nj]
+                nj += 1
+            else:
+                op *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):  # the old group must be contiguous
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return False
+        oi, ni = oj, nj
+    return True
+
+
+def _local_out_shape(attrs, in_metas, out_metas, coord):
+    """reshape / expand: the target shape becomes this rank's output piece shape."""
+    meta = out_metas[0]
+    return {**attrs, "shape": local_shape(meta.shape, meta.dist_attr, coord)}
 
 # -- reshape family ------------------------------------------------------------------------------
 
@@ -21,10 +60,12 @@ def _reshape_bwd(node, g):
     return reshape_to(g, node.in_shapes[0])
 
 
-register("reshape", backward=_reshape_bwd, rule="reshape", view=_VIEW)(
-    lambda xp, x, shape: x.reshape(shape))
-register("transpose", backward=lambda node, g: transpose(g, list(np.argsort(node.attrs["perm"]))),
-         rule="transpose", view=_VIEW)(lambda xp, x, perm: xp.transpose(x, perm))
+register("reshape", lambda xp, x, shape: x.reshape(shape), backward=_reshape_bwd, rule="reshape",
+         view=_VIEW, view_if=reshape_is_view, dtype=_SAME, no_need_buffer=(0,),
+         local_attrs=_local_out_shape)
+register("transpose", lambda xp, x, perm: xp.transpose(x, perm),
+         backward=lambda node, g: transpose(g, list(np.argsort(node.attrs["perm"]))),
+         rule="transpose", view=_VIEW, dtype=_SAME, no_need_buffer=(0,))
 
 
 def _target_shape(op: str, shape: Any, x_shape: Sequence[int]) -> tuple[int, ...]:
@@ -59,6 +100,7 @@ def _target_shape(op: str, shape: Any, x_shape: Sequence[int]) -> tuple[int, ...
     return tuple(out)
 
 
+@public(methods=True)
 def reshape(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     """A view of ``x`` with the given shape (0 keeps the input dim, one -1 is inferred); a copy
     only when the layout does not allow a view."""
@@ -76,6 +118,7 @@ def reshape_to(x: Tensor, shape: Sequence[int]) -> Tensor:
     return apply(OPS["reshape"], (x,), {"shape": shape})
 
 
+@public(methods=True)
 def flatten(x: Tensor, start_axis: int = 0, stop_axis: int = -1, name: str | None = None) -> Tensor:
     """Merge axes start_axis..stop_axis into one (a view)."""
     x = as_tensor(x)
@@ -90,6 +133,7 @@ def flatten(x: Tensor, start_axis: int = 0, stop_axis: int = -1, name: str | Non
     return reshape_to(x, shp[:s] + [int(np.prod(shp[s:e + 1], dtype=np.int64))] + shp[e + 1:])
 
 
+@public(methods=True)
 def squeeze(x: Tensor, axis: Any = None, name: str | None = None) -> Tensor:
     """Remove size-1 axes (all of them, or those in ``axis`` that have size 1) — a view."""
     x = as_tensor(x)
@@ -98,6 +142,7 @@ def squeeze(x: Tensor, axis: Any = None, name: str | None = None) -> Tensor:
     return reshape_to(x, shape)
 
 
+@public(methods=True)
 def unsqueeze(x: Tensor, axis: Any, name: str | None = None) -> Tensor:
     """Insert size-1 axes at the positions ``axis`` of the output — a view."""
     x = as_tensor(x)
@@ -109,6 +154,7 @@ def unsqueeze(x: Tensor, axis: Any, name: str | None = None) -> Tensor:
     return reshape_to(x, shape)
 
 
+@public(methods=True)
 def transpose(x: Tensor, perm: Sequence[int], name: str | None = None) -> Tensor:
     """Permute the axes (a view)."""
     x = as_tensor(x)
@@ -161,25 +207,54 @@ def normalize_index(op: str, index: Any, shape: Sequence[int]) -> tuple:
     return tuple(out)
 
 
+def _localize_index(index: tuple, attr) -> tuple:
+    """A slice index over a sharded piece: sharded axes (full-range by the rule) take it all."""
+    out, axis = [], 0
+    for item in index:
+        if item is None:
+            out.append(None)
+            continue
+        out.append(slice(None) if attr.dims_mapping[axis] else item)
+        axis += 1
+    return tuple(out)
+
+
+def _slice_local(attrs, in_metas, out_metas, coord):
+    return {"index": _localize_index(attrs["index"], in_metas[0].dist_attr)}
+
+
+def _slice_grad_local(attrs, in_metas, out_metas, coord):
+    meta = out_metas[0]
+    return {"index": _localize_index(attrs["index"], meta.dist_attr),
+            "input_shape": local_shape(meta.shape, meta.dist_attr, coord)}
+
+
 def _slice_grad_kernel(xp, g, index, input_shape):
     out = xp.zeros(input_shape, dtype=g.dtype)
     out[index] = g
     return out
 
 
-register("slice", backward=lambda node, g: apply(OPS["slice_grad"], (g,), {
-    "index": node.attrs["index"], "input_shape": tuple(node.in_shapes[0])}),
-         rule="slice", view=_VIEW)(lambda xp, x, index: x[index])
-register("slice_grad", rule="slice_grad")(_slice_grad_kernel)
+register("slice", lambda xp, x, index: x[index],
+         backward=lambda node, g: apply(OPS["slice_grad"], (g,), {
+             "index": node.attrs["index"], "input_shape": tuple(node.in_shapes[0])}),
+         rule="slice", view=_VIEW, dtype=_SAME, no_need_buffer=(0,), local_attrs=_slice_local)
+register("slice_grad", _slice_grad_kernel, rule="slice_grad", dtype=_SAME,
+         local_attrs=_slice_grad_local)
 
 
+@public(methods=("__getitem__",))
 def getitem(x: Tensor, index: Any) -> Tensor:
     """Basic slicing ``x[index]`` (a view)."""
     return apply(OPS["slice"], (x,), {"index": normalize_index("slice", index, x.shape)})
 
 
-def _set_value_kernel(xp, x, v, index):
-    out = x.copy()
+def _set_value_kernel(xp, x, v, index, out=None):
+    """x with ``x[index] = v`` (into ``out`` when given: the inplace variant writes x itself)."""
+    if out is None:
+        out = x.copy()
+    elif out is not x:
+        out[...] = x
     out[index] = v
     return out
 
@@ -193,8 +268,8 @@ def _set_value_bwd(node, g):
     return gx, gv
 
 
-register("set_value", backward=_set_value_bwd, rule="set_value", inplace=(0, 0))(
-    _set_value_kernel)
+register("set_value", _set_value_kernel, backward=_set_value_bwd, rule="set_value",
+         inplace=_VIEW, accepts_out=True, dtype=_SAME, local_attrs=_slice_local)
 
 
 def zeros_scalar(like: Tensor) -> Tensor:
@@ -205,6 +280,7 @@ def getitem_normalized(x: Tensor, index: tuple) -> Tensor:
     return apply(OPS["slice"], (x,), {"index": index})
 
 
+@public(methods=("__setitem__",))
 def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
     """``x[index] = value`` inplace (value broadcast to the indexed region)."""
     index = normalize_index("__setitem__", index, x.shape)
@@ -215,19 +291,23 @@ def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
     except ValueError:
         raise ValueError(f"__setitem__: value of shape {value.shape} cannot be broadcast to the "
                          f"indexed region of shape {list(region)}") from None
-    return apply_inplace(OPS["set_value"], (x, value), {"index": index})
+    apply_inplace(OPS["set_value"], (x, value), {"index": index})
+    return x
 
 
+@public(methods=True)
 def zero_(x: Tensor, name: str | None = None) -> Tensor:
     """Set every element of ``x`` to 0 inplace (NaN/inf included) and return x."""
     return setitem(x, Ellipsis, 0)
 
 
+@public(methods=True)
 def fill_(x: Tensor, value: Any, name: str | None = None) -> Tensor:
     """Set every element of ``x`` to ``value`` inplace and return x."""
     return setitem(x, Ellipsis, value)
 
 
+@public(methods=True)
 def copy_(x: Tensor, src: Any, blocking: bool = True) -> Tensor:
     """Copy ``src`` (broadcast to x's shape) into ``x`` inplace and return x."""
     return setitem(x, Ellipsis, src)
@@ -241,8 +321,6 @@ def _split_kernel(xp, x, sections, axis):
 
 
 def _split_bwd(node, *gs):
-    from .creation import zeros
-
     axis = node.attrs["axis"]
     shape = list(node.in_shapes[0])
     dtype = next(g for g in gs if g is not None).dtype
@@ -254,9 +332,11 @@ def _split_bwd(node, *gs):
     return concat(parts, axis)
 
 
-register("split", backward=_split_bwd, rule="split", n_out=-1, view=((0, -1),))(_split_kernel)
+register("split", _split_kernel, backward=_split_bwd, rule="split", n_out=-1, view=((0, -1),),
+         dtype=_SAME, no_need_buffer=(0,))
 
 
+@public(methods=True)
 def split(x: Tensor, num_or_sections: Any, axis: int = 0, name: str | None = None) -> list[Tensor]:
     """Split along ``axis`` into equal parts (an int) or parts of the given sizes (one may be
     -1); the outputs are views."""
@@ -282,6 +362,7 @@ def split(x: Tensor, num_or_sections: Any, axis: int = 0, name: str | None = Non
     return list(outs)
 
 
+@public(methods=True)
 def chunk(x: Tensor, chunks: int, axis: int = 0, name: str | None = None) -> list[Tensor]:
     """Split into ``chunks`` equal parts along ``axis``."""
     return split(x, chunks, axis)
@@ -293,8 +374,8 @@ def _concat_bwd(node, g):
     return tuple(split(g, sections, axis))
 
 
-register("concat", backward=_concat_bwd, rule="concat")(
-    lambda xp, *xs, axis: xp.concatenate(xs, axis=axis))
+register("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), backward=_concat_bwd,
+         rule="concat", no_need_buffer=(0,))
 
 
 def _check_same(op: str, xs: Sequence[Tensor], skip_axis: int | None) -> None:
@@ -308,6 +389,7 @@ def _check_same(op: str, xs: Sequence[Tensor], skip_axis: int | None) -> None:
                                          else ""))
 
 
+@public()
 def concat(x: Sequence[Tensor], axis: int = 0, name: str | None = None) -> Tensor:
     """Join tensors along an existing axis."""
     xs = [as_tensor(t) for t in x]
@@ -323,10 +405,11 @@ def _stack_bwd(node, g):
     return tuple(squeeze(p, [axis]) for p in split(g, len(node.in_shapes), axis))
 
 
-register("stack", backward=_stack_bwd, rule="stack")(
-    lambda xp, *xs, axis: xp.stack(xs, axis=axis))
+register("stack", lambda xp, *xs, axis: xp.stack(xs, axis=axis), backward=_stack_bwd,
+         rule="stack", no_need_buffer=(0,))
 
 
+@public()
 def stack(x: Sequence[Tensor], axis: int = 0, name: str | None = None) -> Tensor:
     """Join same-shaped tensors along a new axis."""
     xs = [as_tensor(t) for t in x]
@@ -339,10 +422,12 @@ def stack(x: Sequence[Tensor], axis: int = 0, name: str | None = None) -> Tensor
 
 # -- expand / tile / detach ------------------------------------------------------------------
 
-register("expand", backward=lambda node, g: sum_to_shape(g, node.in_shapes[0]), rule="expand")(
-    lambda xp, x, shape: xp.array(xp.broadcast_to(x, shape)))
+register("expand", lambda xp, x, shape: xp.array(xp.broadcast_to(x, shape)),
+         backward=lambda node, g: sum_to_shape(g, node.in_shapes[0]), rule="expand",
+         dtype=_SAME, no_need_buffer=(0,), local_attrs=_local_out_shape)
 
 
+@public(methods=True)
 def expand(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     """Broadcast ``x`` to ``shape`` (-1 keeps a dim) as a new tensor."""
     x = as_tensor(x)
@@ -360,6 +445,7 @@ def expand(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     return apply(OPS["expand"], (x,), {"shape": tuple(shape)})
 
 
+@public(methods=True)
 def broadcast_to(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     return expand(x, shape)
 
@@ -372,16 +458,15 @@ def _tile_bwd(node, g):
     inter = []
     for r, n in zip(reps, shape):
         inter += [r, n]
-    from .reduction import sum as _sum
-
-    gs = _sum(reshape_to(g, inter), axis=list(range(0, len(inter), 2)))
+    gs = reduce_sum(reshape_to(g, inter), range(0, len(inter), 2))
     return reshape_to(gs, node.in_shapes[0])
 
 
-register("tile", backward=_tile_bwd, rule="tile")(
-    lambda xp, x, repeat_times: xp.tile(x, repeat_times))
+register("tile", lambda xp, x, repeat_times: xp.tile(x, repeat_times), backward=_tile_bwd,
+         rule="tile", dtype=_SAME, no_need_buffer=(0,))
 
 
+@public(methods=True)
 def tile(x: Tensor, repeat_times: Sequence[int], name: str | None = None) -> Tensor:
     """Repeat ``x`` ``repeat_times[i]`` times along each axis (numpy.tile)."""
     x = as_tensor(x)
@@ -391,51 +476,11 @@ def tile(x: Tensor, repeat_times: Sequence[int], name: str | None = None) -> Ten
     return apply(OPS["tile"], (x,), {"repeat_times": reps})
 
 
-register("detach", rule="elementwise", view=_VIEW, rule_attrs={"linear": "unary"})(
-    lambda xp, x: x.view())
+register("detach", lambda xp, x: x.view(), rule="elementwise", view=_VIEW, dtype=_SAME,
+         rule_attrs={"linear": "unary"})
 
 
+@public(methods=True)
 def detach(x: Tensor) -> Tensor:
     """A view of ``x`` cut from the graph (stop_gradient=True, shares the buffer)."""
     return apply(OPS["detach"], (x,), {})
-
-
-# -- global -> local attributes for distributed execution -------------------------------------
-
-def _local_out_shape(attrs, in_metas, out_metas, coord):
-    """reshape / expand: the target shape becomes this rank's output piece shape."""
-    from spmd_rules import local_shape
-
-    meta = out_metas[0]
-    return {**attrs, "shape": local_shape(meta.shape, meta.dist_attr, coord)}
-
-
-def _localize_index(index: tuple, attr) -> tuple:
-    """A slice index over a sharded piece: sharded axes (full-range by the rule) take it all."""
-    out, axis = [], 0
-    for item in index:
-        if item is None:
-            out.append(None)
-            continue
-        out.append(slice(None) if attr.dims_mapping[axis] else item)
-        axis += 1
-    return tuple(out)
-
-
-def _slice_local(attrs, in_metas, out_metas, coord):
-    return {"index": _localize_index(attrs["index"], in_metas[0].dist_attr)}
-
-
-def _slice_grad_local(attrs, in_metas, out_metas, coord):
-    from spmd_rules import local_shape
-
-    meta = out_metas[0]
-    return {"index": _localize_index(attrs["index"], meta.dist_attr),
-            "input_shape": local_shape(meta.shape, meta.dist_attr, coord)}
-
-
-OPS["reshape"].local_attrs = _local_out_shape
-OPS["expand"].local_attrs = _local_out_shape
-OPS["slice"].local_attrs = _slice_local
-OPS["set_value"].local_attrs = _slice_local
-OPS["slice_grad"].local_attrs = _slice_grad_local

@@ -8,7 +8,7 @@ import pytest
 
 import disttensor as dt
 from disttensor.ops import OPS
-from disttensor.ops.registry import apply
+from disttensor.dispatch import apply
 
 from core_samples import SAMPLES
 

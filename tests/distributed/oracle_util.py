@@ -27,7 +27,7 @@ import disttensor as dt
 from disttensor import Partial, ReduceType, Replicate, Shard
 from disttensor.distributed.mesh_groups import coord_of
 from disttensor.ops import OPS
-from disttensor.ops.registry import apply
+from disttensor.dispatch import apply
 from disttensor.ops.shape import normalize_index
 from spmd_rules import DistAttr, local_slices
 
@@ -155,10 +155,16 @@ FORWARD_ONLY: dict[str, list] = {
     "detach": [lambda rng: ([_n(rng, 5, 7)], {})],
     "minmax_mask": [lambda rng: ([_distinct(rng, 5, 7), _n(rng, 7)], {"pick": "maximum"})],
     # fused optimizer steps: parameter and moments are mutated (compared like running stats)
+    # (parameter, grad, moment1, moment2, beta1**t, beta2**t, lr)
     "adam_update": [lambda rng: ([_n(rng, 5, 3), _n(rng, 5, 3), _n(rng, 5, 3), rng.random((5, 3)),
-                                  np.array(0.1), np.array(1.2), np.array(0.99)],
-                                 {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "l2": 0.01})],
-    "sgd_update": [lambda rng: ([_n(rng, 7, 3), _n(rng, 7, 3), np.array(0.1)], {"l2": 0.0})],
+                                  np.array([0.9]), np.array([0.999]), np.array(0.1)],
+                                 {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "l2": 0.01,
+                                  "weight_decay": 0.05, "lr_scale": 2.0})],
+    "momentum_update": [lambda rng: ([_n(rng, 5, 3), _n(rng, 5, 3), _n(rng, 5, 3), np.array(0.1)],
+                                     {"mu": 0.9, "use_nesterov": True, "l2": 0.01,
+                                      "lr_scale": 1.0})],
+    "sgd_update": [lambda rng: ([_n(rng, 7, 3), _n(rng, 7, 3), np.array(0.1)],
+                                {"l2": 0.0, "lr_scale": 1.0})],
 }
 
 # Ops whose argument handling needs the attrs the public function adds (FORWARD samples

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import collectives
 import disttensor as dt
-from disttensor.distributed.api import reshard_value
+from disttensor.distributed.api import reshard_to
 from spmd_rules import plan_reshard
 from spmd_rules import DistAttr, Partial, ProcessMesh, ReduceType, Replicate, Shard, local_slices
 
@@ -199,7 +199,7 @@ def run_case(G, mesh, src_pl, dst_pl, seed=0, public=None) -> list[str]:
             assert out.placements == list(dst_attr.to_placements()) and out.shape == list(G.shape)
             local = out._local_array()
         else:
-            local = reshard_value(v, mesh, dst_attr).local.array
+            local = reshard_to(x, mesh, dst_attr)._local_array()
         delta = counts_delta(before)
         want_kinds = {}
         if member:
@@ -254,7 +254,7 @@ def test_reshard_all_pairs(mesh_name, shape):
 
 @pytest.mark.parametrize("mesh_name", ["4", "2x2", "3", "2"])
 def test_reshard_to_partial_internal(mesh_name):
-    """Partial targets (R→P, S→P, P(sum)→P(avg/max/min/prod), P→P) through reshard_value."""
+    """Partial targets (R→P, S→P, P(sum)→P(avg/max/min/prod), P→P) through the internal reshard_to."""
     mesh = get_mesh(mesh_name)
     errs = []
     for shape in [(7, 3), (13, 17)]:

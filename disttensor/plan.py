@@ -1,0 +1,188 @@
+"""Plans: what one call of an op does, as data (DESIGN §9).
+
+Dispatch of a call produces a :class:`Plan` — a short list of :class:`Instr` over *slots*
+(slot ``i < n_in`` is input ``i``'s local array; later slots are values the instructions
+make) and one :class:`OutSpec` per output — and the eager runtime interprets it at once. The
+same plans, recorded by :func:`disttensor.jit.record`, are the raw material of captured
+programs: every instruction is a prepared callable (kernel with its local attributes and
+context, collective with its group and sizes resolved), so replaying needs no rule evaluation.
+
+Instruction kinds:
+
+* ``kernel`` — ``op.kernel`` on the argument slots, producing the output slots (a kernel that
+  mutates inputs writes into their slots, listed in ``writes``); ``collectives`` names the
+  all-reduces a context kernel issues (batch_norm's statistics, parallel cross entropy, ...);
+* ``collective`` — one step of a reshard that communicates (all-gather, all-reduce,
+  reduce-scatter, all-to-all, send/recv);
+* ``local`` — one reshard step without communication (slice, Partial rescale, R→P);
+* ``store`` — a write-back: the value of ``ins[0]`` is written into the buffer of slot
+  ``writes[0]`` (an inplace target or a mutated input, in its own layout);
+* ``check`` — a metadata agreement check that communicates but produces no value;
+* ``empty`` — the empty pieces of the outputs on a rank outside the mesh.
+
+Alias edges: an output that *views* a slot shares that slot's buffer and version counter
+(``OutSpec.view_of``); an output that *is* an input (``OutSpec.is_input``: inplace and
+mutated pairs) is that input tensor itself.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["Instr", "OutSpec", "Plan", "CallRecord"]
+
+
+class Instr:
+    """One instruction of a plan (see the module docstring)."""
+
+    __slots__ = ("kind", "fn", "ins", "outs", "writes", "label", "nbytes", "collectives")
+
+    def __init__(self, kind: str, fn: Callable | None, ins: tuple[int, ...],
+                 outs: tuple[int, ...] = (), writes: tuple[int, ...] = (), label: str = "",
+                 nbytes: int = 0, collectives: tuple[str, ...] = ()):
+        self.kind = kind
+        self.fn = fn
+        self.ins = ins
+        self.outs = outs
+        self.writes = writes
+        self.label = label
+        self.nbytes = nbytes
+        self.collectives = collectives
+
+    @property
+    def communicates(self) -> bool:
+        return self.kind in ("collective", "check") or bool(self.collectives)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"%{i}" for i in self.ins)
+        lhs = ", ".join(f"%{o}" for o in self.outs)
+        text = f"{lhs + ' = ' if lhs else ''}{self.kind} {self.label}({args})"
+        if self.writes:
+            text += " -> writes " + ", ".join(f"%{w}" for w in self.writes)
+        if self.nbytes:
+            text += f"  [{self.nbytes} B/rank]"
+        if self.collectives:
+            text += "  [" + "; ".join(self.collectives) + "]"
+        return text
+
+
+class OutSpec:
+    """Output ``i`` of a plan: the slot holding its local array, its global shape, dtype and
+    layout (``dist_attr`` None for a dense output) and its alias edge."""
+
+    __slots__ = ("slot", "shape", "dtype", "dist_attr", "view_of", "is_input")
+
+    def __init__(self, slot: int, shape: tuple[int, ...] | None, dtype: Any, dist_attr=None,
+                 view_of: int | None = None, is_input: int | None = None):
+        self.slot = slot
+        self.shape = shape
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.dist_attr = dist_attr
+        self.view_of = view_of
+        self.is_input = is_input
+
+    def __repr__(self) -> str:
+        alias = ""
+        if self.is_input is not None:
+            alias = f" is input {self.is_input}"
+        elif self.view_of is not None:
+            alias = f" views %{self.view_of}"
+        place = "" if self.dist_attr is None else f" {self.dist_attr.to_placements()}"
+        shape = "?" if self.shape is None else list(self.shape)
+        return f"%{self.slot}: {shape} {self.dtype}{place}{alias}"
+
+
+class Plan:
+    """What one call does: ``instrs`` over slots, then ``outputs``.
+
+    ``kind`` is ``"dense"`` (one process's arrays; the kernel takes the call's attrs) or
+    ``"dist"`` (this rank's pieces on ``mesh``; attrs are bound in local terms). ``writes`` are
+    the inputs whose buffers the plan writes (their version counters are bumped once each).
+    ``kernel`` is the kernel instruction when the plan is that instruction alone; ``fast``
+    says the eager runtime may run it on its fast path (one kernel, one new output, nothing
+    written), which does exactly what interpreting the instruction does."""
+
+    __slots__ = ("op", "kind", "mesh", "n_in", "n_slots", "instrs", "outputs", "writes",
+                 "in_layouts", "kernel", "fast", "view0", "keep", "__weakref__")
+
+    def __init__(self, op, kind: str, n_in: int, instrs: tuple[Instr, ...],
+                 outputs: tuple[OutSpec, ...], writes: tuple[int, ...] = (), mesh=None,
+                 in_layouts: tuple = ()):
+        self.op = op
+        self.kind = kind
+        self.mesh = mesh
+        self.n_in = n_in
+        self.instrs = instrs
+        self.outputs = outputs
+        self.writes = writes
+        self.in_layouts = in_layouts
+        used = [n_in - 1] + [s for ins in instrs for s in ins.outs] + [o.slot for o in outputs]
+        self.n_slots = max(used) + 1
+        self.kernel = instrs[0] if len(instrs) == 1 and instrs[0].kind == "kernel" else None
+        # the eager fast path: one kernel, one new output, nothing written
+        self.fast = (self.kernel is not None and not writes and len(outputs) == 1
+                     and op.n_out == 1 and outputs[0].is_input is None
+                     and (kind == "dense" or outputs[0].shape is not None))
+        self.view0 = outputs[0].view_of if outputs else None
+        self.keep = None
+
+    @property
+    def num_collectives(self) -> int:
+        return sum(1 for i in self.instrs if i.communicates)
+
+    def __str__(self) -> str:
+        where = f" on {self.mesh}" if self.mesh is not None else ""
+        lines = [f"plan {self.op.name} ({self.kind}{where}): {self.n_in} input(s)"]
+        lines += [f"  {ins!r}" for ins in self.instrs]
+        lines += [f"  out {i}: {o!r}" for i, o in enumerate(self.outputs)]
+        if self.writes:
+            lines.append(f"  writes inputs {list(self.writes)}")
+        return "\n".join(lines)
+
+
+def _describe_tensor(t) -> str:
+    if t is None:
+        return "None"
+    v = t._value
+    dtype = np.dtype(t.dtype).name
+    if t.is_dist():
+        return f"{list(v.shape)} {dtype} {v.dist_attr.to_placements()}"
+    return f"{list(v.shape)} {dtype} dense"
+
+
+class CallRecord:
+    """One executed call, as :func:`disttensor.jit.record` sees it: the plan, the attrs the
+    call passed, the input and output Tensors, and the collectives it issued."""
+
+    __slots__ = ("plan", "attrs", "inputs", "outputs")
+
+    def __init__(self, plan: Plan, attrs: dict, inputs: tuple, outputs: tuple):
+        self.plan = plan
+        self.attrs = attrs
+        self.inputs = inputs
+        self.outputs = outputs
+
+    @property
+    def op(self) -> str:
+        return self.plan.op.name
+
+    @property
+    def collectives(self) -> list[str]:
+        out = []
+        for ins in self.plan.instrs:
+            if ins.kind in ("collective", "check"):
+                out.append(f"{ins.label} ({ins.nbytes} B/rank)")
+            out.extend(ins.collectives)
+        return out
+
+    def __str__(self) -> str:
+        ins = ", ".join(_describe_tensor(t) for t in self.inputs)
+        outs = ", ".join(_describe_tensor(t) for t in self.outputs)
+        text = f"{self.op}({ins}) -> {outs}"
+        coll = self.collectives
+        if coll:
+            text += "\n    collectives: " + "; ".join(coll)
+        return text
+
+    __repr__ = __str__

@@ -1,0 +1,152 @@
+"""The autograd tape: grad modes, grad nodes and :func:`record` (the engine that walks the tape
+is :mod:`disttensor.autograd`).
+
+A :class:`GradNode` is recorded for every differentiable op whose inputs need grad. It keeps the
+op, its attributes, the values it saved (with the buffer version at save time) and one *edge* per
+input: ``None`` (no grad wanted), a leaf :class:`Tensor` (accumulate into ``.grad``) or the
+``(node, slot)`` that produced the input. Because edges capture the producer at record time, an
+inplace op can re-point ``x._node`` at itself and backward still sees the old producer.
+Backward functions are written with registered ops, so they dispatch (and, for distributed
+tensors, follow SPMD rules) like the forward.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+import functools
+from typing import Callable, Sequence
+
+from .tensor import Tensor
+
+__all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "GradNode",
+           "record", "edge"]
+
+
+class _GradMode:
+    enabled = True
+
+
+def is_grad_enabled() -> bool:
+    return _GradMode.enabled
+
+
+class set_grad_enabled(contextlib.ContextDecorator):
+    """Context manager / decorator that sets whether ops record grad nodes."""
+
+    def __init__(self, mode: bool):
+        self.mode = bool(mode)
+
+    def __enter__(self):
+        self.prev = _GradMode.enabled
+        _GradMode.enabled = self.mode
+
+    def __exit__(self, *exc):
+        _GradMode.enabled = self.prev
+        return False
+
+
+def no_grad(func: Callable | None = None):
+    """``with dt.no_grad():`` or ``@dt.no_grad()`` / ``@dt.no_grad``: ops record no graph."""
+    if callable(func):
+        @functools.wraps(func)
+        def wrapper(*a, **k):
+            with set_grad_enabled(False):
+                return func(*a, **k)
+        return wrapper
+    return set_grad_enabled(False)
+
+
+def enable_grad():
+    return set_grad_enabled(True)
+
+
+class GradNode:
+    """One recorded op application (see module docstring)."""
+
+    __slots__ = ("op", "attrs", "edges", "saved", "in_shapes", "n_out", "released",
+                 "__weakref__")
+
+    def __init__(self, op, attrs: dict, edges: tuple, in_shapes: tuple, n_out: int):
+        self.op = op
+        self.n_out = n_out
+        self.attrs = attrs
+        self.edges = edges
+        self.saved: list | None = []
+        self.in_shapes = in_shapes
+        self.released = False
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    def save(self, t: Tensor | None) -> None:
+        if t is None:
+            self.saved.append(None)
+            return
+        dense = t._local_dense()
+        # a weak reference: an output saving itself must not make a reference cycle
+        self.saved.append((t._value, dense.holder, dense.holder.version, weakref.ref(t)))
+
+    def saved_tensor(self, i: int) -> Tensor | None:
+        """The i-th saved value as a fresh Tensor, after checking its buffer was not modified."""
+        if self.released:
+            raise RuntimeError(
+                f"backward of {self.op.name}: trying to backward through the graph a second "
+                "time, but its saved tensors were freed; pass retain_graph=True to the first "
+                "backward")
+        entry = self.saved[i]
+        if entry is None:
+            return None
+        value, holder, version, src = entry
+        if holder.version != version:
+            src = src()
+            label = src._label() if src is not None else "(freed)"
+            raise RuntimeError(
+                f"backward of {self.op.name}: tensor '{label}' saved for backward was "
+                f"modified by an inplace operation: its inplace version is {holder.version}, "
+                f"expected version {version}")
+        return Tensor(value, stop_gradient=True)
+
+    def needs_grad(self, i: int) -> bool:
+        return self.edges[i] is not None
+
+
+def edge(t: Tensor | None):
+    if t is None or t.stop_gradient:
+        return None
+    if t._node is None:
+        return t
+    return (t._node, t._slot)
+
+
+def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> GradNode:
+    """Attach a new grad node for ``op`` to ``outputs`` (called by the dispatcher)."""
+    edges = []
+    shapes = []
+    for t in inputs:  # inlines _edge (this runs for every recorded op)
+        if t is None:
+            edges.append(None)
+            shapes.append(None)
+            continue
+        shapes.append(t._value.shape)
+        if t.stop_gradient:
+            edges.append(None)
+        elif t._node is None:
+            edges.append(t)
+        else:
+            edges.append((t._node, t._slot))
+    node = GradNode(op, attrs, tuple(edges), tuple(shapes), len(outputs))
+    for i in op.save_inputs:
+        node.save(inputs[i])
+    for i in op.save_outputs:
+        if outputs[i] is not None:
+            node.save(outputs[i])
+    nondiff = op.nondiff_outputs
+    for slot, out in enumerate(outputs):
+        if out is not None and slot not in nondiff:
+            out._node = node
+            out._slot = slot
+            out.stop_gradient = False
+    return node
+
+
