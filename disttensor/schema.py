@@ -14,8 +14,9 @@ An :class:`OpDef` says everything the runtime needs to know about an op before r
   entry points that build their own plans (``reshard``, ``shard_tensor``, ...);
 * ``dtype(in_dtypes, attrs)`` — the output dtypes, so no kernel ever runs to learn them;
 * ``view`` — ``(input, output)`` pairs: the output shares the input's buffer and version
-  counter (output ``-1``: every output, for ``split``); ``view_if(shape, strides, attrs)`` (of the
-  array the kernel reads) makes the view conditional (``reshape``: a view exactly when the strides allow, else a copy);
+  counter (output ``-1``: every output, for ``split``); ``view_if(shape, strides, attrs)`` of
+  the array the kernel reads makes the view conditional (``reshape``: a view exactly when the
+  strides allow, else a copy);
 * ``inplace`` — the ``(input, output)`` pairs of the ``op_`` variant: the output is written
   into the input, which is returned itself with its version bumped;
 * ``mutates`` — ``(input, output)`` pairs the op *always* writes in place (optimizer updates,

@@ -16,7 +16,8 @@ from .mesh_groups import coord_of, get_rank, group_along, world
 __all__ = ["PreparedStep", "prepare", "execute"]
 
 def _extent(shape, attr: DistAttr, coord, d: int, without: int | None = None) -> int:
-    """Local extent of tensor dim ``d`` under ``attr`` (optionally ignoring mesh dim ``without``)."""
+    """Local extent of tensor dim ``d`` under ``attr`` (optionally ignoring mesh dim
+    ``without``)."""
     start, stop = 0, shape[d]
     for m in attr.dims_mapping[d]:
         if m == without:

@@ -17,7 +17,8 @@ from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .activation import log_softmax, softmax
 from .common import as_tensor, normalize_axis
-from .elementwise import cast, divide, log, maximum, multiply, neg, not_equal, scale, subtract, where
+from .elementwise import (cast, divide, log, maximum, multiply, neg, not_equal, scale, subtract,
+                          where)
 from .indexing import gather, one_hot
 from .reduction import mean as _mean
 from .reduction import sum as _sum
