@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .distributed.dist_tensor import DistTensor, canonical_mesh
+from .distributed.dist_tensor import DistTensor
 from .distributed.planner import describe_inputs, plan_call
 from .plan import CallRecord, Instr, OutSpec, Plan
 from .schema import DENSE_CTX, OpDef
@@ -241,6 +241,11 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     else:
         out = Tensor(DenseTensor(res, inputs[src]._value.holder))
         out._is_view = True
+    return _finish(op, plan, attrs, inputs, out)
+
+
+def _finish(op: OpDef, plan: Plan, attrs: dict, inputs: tuple, out: Tensor) -> Tensor:
+    """The fast paths' epilogue: tell recorders, record the grad node."""
     if _recorders:
         _tell(plan, attrs, inputs, (out,))
     if _GradMode.enabled and op.backward is not None:
@@ -278,14 +283,7 @@ def _apply_dist(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     out = Tensor(DistTensor(dense, plan.mesh, spec.dist_attr, spec.shape))
     if src is not None:
         out._is_view = True
-    if _recorders:
-        _tell(plan, attrs, inputs, (out,))
-    if _GradMode.enabled and op.backward is not None:
-        for t in inputs:
-            if t is not None and not t.stop_gradient:
-                record(op, attrs, inputs, (out,))
-                break
-    return out
+    return _finish(op, plan, attrs, inputs, out)
 
 
 def check_inplace_target(op: OpDef, x: Tensor) -> None:
@@ -323,8 +321,8 @@ def apply_inplace(op: OpDef, inputs: tuple, attrs: dict) -> Tensor:
                 raise ValueError(f"{op.name}_: the inputs' shapes {[list(s) for s in shapes]} do "
                                  f"not give the shape {x.shape} of the tensor modified inplace")
         plan = dense_plan(op, len(inputs), inplace=pair)
-    return run(plan, inputs, attrs, needs_grad=needs_grad, inplace=pair)[to] \
-        if op.n_out != 1 else run(plan, inputs, attrs, needs_grad=needs_grad, inplace=pair)
+    out = run(plan, inputs, attrs, needs_grad=needs_grad, inplace=pair)
+    return out[to] if op.n_out != 1 else out
 
 
 def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
@@ -345,8 +343,9 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
             holders[i] = d.holder
             if xp is None:
                 xp = xp_of(d.array)
-    if xp is None:
-        xp = resolve_place(attrs.get("place"))[0]
+    dev = None
+    if xp is None:  # a creation op: its place attr picks the array module and device
+        xp, dev = resolve_place(attrs.get("place"))
     if inplace is not None:
         _check_inplace_dtype(op, plan, inputs, attrs, inplace)
     node = None
@@ -356,7 +355,11 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     if inplace is not None and needs_grad:
         # recorded before the write, so saved inputs carry their old version
         node = record(op, attrs, inputs, [None] * len(plan.outputs))
-    _interpret(plan, slots, attrs, xp)
+    if dev is None:
+        _interpret(plan, slots, attrs, xp)
+    else:
+        with xp.cuda.Device(dev):
+            _interpret(plan, slots, attrs, xp)
     for i in plan.writes:
         holders[i].version += 1
     outs = _wrap(plan, slots, holders, inputs)
@@ -399,10 +402,8 @@ def _interpret(plan: Plan, slots: list, attrs: dict, xp) -> None:
             slots[ins.outs[0]] = ins.fn(slots[ins.ins[0]])
         elif kind == "store":
             ins.fn(slots[ins.writes[0]], slots[ins.ins[0]])
-        elif kind == "empty":
+        else:  # empty
             _assign(slots, ins.outs, ins.fn(xp, *[slots[i] for i in ins.ins]))
-        else:  # check
-            ins.fn(*[slots[i] for i in ins.ins])
 
 
 def _assign(slots: list, outs: tuple, res) -> None:
@@ -461,8 +462,3 @@ def _tell(plan: Plan, attrs: dict, inputs: tuple, outs: tuple) -> None:
     rec = CallRecord(plan, attrs, inputs, outs)
     for fn in list(_recorders):
         fn(rec)
-
-
-def intern_mesh(mesh):
-    """The canonical instance of ``mesh`` (equal meshes are one plan-cache key)."""
-    return canonical_mesh(mesh)

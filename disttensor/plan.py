@@ -17,7 +17,6 @@ Instruction kinds:
 * ``local`` — one reshard step without communication (slice, Partial rescale, R→P);
 * ``store`` — a write-back: the value of ``ins[0]`` is written into the buffer of slot
   ``writes[0]`` (an inplace target or a mutated input, in its own layout);
-* ``check`` — a metadata agreement check that communicates but produces no value;
 * ``empty`` — the empty pieces of the outputs on a rank outside the mesh.
 
 Alias edges: an output that *views* a slot shares that slot's buffer and version counter
@@ -26,6 +25,7 @@ mutated pairs) is that input tensor itself.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -33,26 +33,23 @@ import numpy as np
 __all__ = ["Instr", "OutSpec", "Plan", "CallRecord"]
 
 
+@dataclass(slots=True, eq=False)
 class Instr:
-    """One instruction of a plan (see the module docstring)."""
+    """One instruction of a plan (see the module docstring): ``fn`` reads slots ``ins``,
+    produces slots ``outs`` and writes into the buffers of slots ``writes``."""
 
-    __slots__ = ("kind", "fn", "ins", "outs", "writes", "label", "nbytes", "collectives")
-
-    def __init__(self, kind: str, fn: Callable | None, ins: tuple[int, ...],
-                 outs: tuple[int, ...] = (), writes: tuple[int, ...] = (), label: str = "",
-                 nbytes: int = 0, collectives: tuple[str, ...] = ()):
-        self.kind = kind
-        self.fn = fn
-        self.ins = ins
-        self.outs = outs
-        self.writes = writes
-        self.label = label
-        self.nbytes = nbytes
-        self.collectives = collectives
+    kind: str
+    fn: Callable | None
+    ins: tuple[int, ...]
+    outs: tuple[int, ...] = ()
+    writes: tuple[int, ...] = ()
+    label: str = ""
+    nbytes: int = 0
+    collectives: tuple[str, ...] = ()
 
     @property
     def communicates(self) -> bool:
-        return self.kind in ("collective", "check") or bool(self.collectives)
+        return self.kind == "collective" or bool(self.collectives)
 
     def __repr__(self) -> str:
         args = ", ".join(f"%{i}" for i in self.ins)
@@ -60,27 +57,27 @@ class Instr:
         text = f"{lhs + ' = ' if lhs else ''}{self.kind} {self.label}({args})"
         if self.writes:
             text += " -> writes " + ", ".join(f"%{w}" for w in self.writes)
-        if self.nbytes:
-            text += f"  [{self.nbytes} B/rank]"
         if self.collectives:
             text += "  [" + "; ".join(self.collectives) + "]"
         return text
 
 
+@dataclass(slots=True, eq=False)
 class OutSpec:
     """Output ``i`` of a plan: the slot holding its local array, its global shape, dtype and
-    layout (``dist_attr`` None for a dense output) and its alias edge."""
+    layout (``dist_attr`` None for a dense output; shape and dtype None when a dense plan learns
+    them from the kernel) and its alias edge."""
 
-    __slots__ = ("slot", "shape", "dtype", "dist_attr", "view_of", "is_input")
+    slot: int
+    shape: tuple[int, ...] | None
+    dtype: Any
+    dist_attr: Any = None
+    view_of: int | None = None
+    is_input: int | None = None
 
-    def __init__(self, slot: int, shape: tuple[int, ...] | None, dtype: Any, dist_attr=None,
-                 view_of: int | None = None, is_input: int | None = None):
-        self.slot = slot
-        self.shape = shape
-        self.dtype = None if dtype is None else np.dtype(dtype)
-        self.dist_attr = dist_attr
-        self.view_of = view_of
-        self.is_input = is_input
+    def __post_init__(self) -> None:
+        if self.dtype is not None:
+            self.dtype = np.dtype(self.dtype)
 
     def __repr__(self) -> str:
         alias = ""
@@ -171,8 +168,8 @@ class CallRecord:
     def collectives(self) -> list[str]:
         out = []
         for ins in self.plan.instrs:
-            if ins.kind in ("collective", "check"):
-                out.append(f"{ins.label} ({ins.nbytes} B/rank)")
+            if ins.kind == "collective":
+                out.append(ins.label)
             out.extend(ins.collectives)
         return out
 

@@ -2,8 +2,8 @@
 
 * :class:`Holder` — one allocation (the base array) plus the inplace version counter that every
   view of it shares.
-* :class:`DenseTensor` — an n-d window (dtype, shape, strides, offset) onto a holder; its
-  ``array`` is a numpy/cupy view of the holder's buffer.
+* :class:`DenseTensor` — an n-d window onto a holder: its ``array`` is a numpy/cupy view of the
+  holder's buffer (dtype, shape and strides are the array's).
 * :class:`Tensor` — what users hold: a DenseTensor or a DistTensor plus autograd state.
 
 Holders are created only by the dispatcher (:mod:`disttensor.dispatch`), the one seam every
@@ -39,10 +39,6 @@ class DenseTensor:
         self.array = array
         self.holder = Holder(array) if holder is None else holder
 
-    def view(self, array: Any) -> "DenseTensor":
-        """A DenseTensor over ``array`` (a view of this one's buffer) sharing the holder."""
-        return DenseTensor(array, self.holder)
-
     @property
     def dtype(self):
         return self.array.dtype
@@ -50,12 +46,6 @@ class DenseTensor:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.array.shape
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        """Strides in elements (not bytes)."""
-        item = self.array.itemsize
-        return tuple(s // item for s in self.array.strides)
 
 
 def array_module(a: Any):
@@ -194,12 +184,6 @@ class Tensor:
         self.grad = None
 
     clear_gradient = clear_grad
-
-    def _local_value(self) -> "Tensor":
-        """This rank's local piece, as a dense Tensor sharing the buffer."""
-        if not self.is_dist():
-            return self
-        return Tensor(self._value.local, stop_gradient=True)
 
     @property
     def process_mesh(self):

@@ -133,37 +133,55 @@ def gpt_data(rng, n: int, seq: int, vocab: int):
 
 # -- training ---------------------------------------------------------------------------------
 
-def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
-    dt.seed(args.seed)
-    rng = np.random.default_rng(args.seed)
+def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
+          dtype: str = "float32"):
+    """(model, optimizer, batches): the model placed on ``mesh`` (dense without one), AdamW,
+    and the four global (x, y) batches the steps cycle through."""
+    dt.seed(seed)
+    rng = np.random.default_rng(seed)
     if model_name == "mlp":
         model, shard_fn, lr = MLP(16, 32, 8), shard_mlp, 1e-2
-        x_all, y_all = mlp_data(rng, args.batch * 4, 16, 8)
+        x_all, y_all = mlp_data(rng, batch * 4, 16, 8)
     else:
         model, shard_fn, lr = GPT(64, 16, 32, 4, 2), shard_gpt, 3e-3
-        x_all, y_all = gpt_data(rng, args.batch * 4, 16, 64)
-    if args.dtype != "float32":
-        model.to(dtype=args.dtype)
+        x_all, y_all = gpt_data(rng, batch * 4, 16, 64)
+    if dtype != "float32":
+        model.to(dtype=dtype)
         if model_name == "mlp":
-            x_all = x_all.astype(args.dtype)
+            x_all = x_all.astype(dtype)
     if mesh is not None:
         dt.shard_layer(model, mesh, shard_fn)
     opt = dt.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.01)
+    batches = [(x_all[k * batch:(k + 1) * batch], y_all[k * batch:(k + 1) * batch])
+               for k in range(4)]
+    return model, opt, batches
+
+
+def to_tensors(xb: np.ndarray, yb: np.ndarray, mesh: dt.ProcessMesh | None):
+    """A batch as tensors: sharded on the dp mesh dim, or dense without a mesh."""
+    if mesh is None:
+        return dt.to_tensor(xb), dt.to_tensor(yb)
     data_pl = [Shard(0), Replicate()]
+    return dt.shard_tensor(xb, mesh, data_pl), dt.shard_tensor(yb, mesh, data_pl)
+
+
+def train_step(model: nn.Layer, opt, x, y):
+    """One step: forward, loss, backward, optimizer update; returns the loss tensor."""
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.clear_grad(set_to_zero=False)  # drop grads: the next backward assigns, not adds
+    return loss
+
+
+def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
+    model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype)
     losses, t_start = [], time.perf_counter()
     rank0 = dt.get_rank() == 0
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
-        lo = ((step - 1) % 4) * args.batch
-        xb, yb = x_all[lo:lo + args.batch], y_all[lo:lo + args.batch]
-        if mesh is None:
-            x, y = dt.to_tensor(xb), dt.to_tensor(yb)
-        else:
-            x, y = dt.shard_tensor(xb, mesh, data_pl), dt.shard_tensor(yb, mesh, data_pl)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.clear_grad(set_to_zero=False)  # drop grads: the next backward assigns, not adds
+        x, y = to_tensors(*batches[(step - 1) % 4], mesh)
+        loss = train_step(model, opt, x, y)
         value = float(loss.numpy())
         losses.append(value)
         dt_step = time.perf_counter() - t0
@@ -177,6 +195,15 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
               f"{losses[0]:.4f} -> {losses[-1]:.4f}, "
               f"{args.steps * args.batch / total:.1f} samples/s", flush=True)
     return losses
+
+
+def default_mesh(world: int, spec: str | None = None) -> dt.ProcessMesh:
+    """The [dp, mp] mesh: ``spec`` "dp,mp", else 2 x 2 on 4 ranks and world x 1 otherwise."""
+    dp, mp = (int(v) for v in spec.split(",")) if spec else \
+        ((2, 2) if world == 4 else (world, 1))
+    if dp * mp != world:
+        raise SystemExit(f"train.py: mesh {dp}x{mp} needs {dp * mp} ranks, running on {world}")
+    return dt.ProcessMesh(np.arange(world).reshape(dp, mp).tolist(), dim_names=["dp", "mp"])
 
 
 def main(argv=None) -> dict:
@@ -198,13 +225,7 @@ def main(argv=None) -> dict:
                          "machine with cupy and a CUDA device")
     dt.init_parallel_env()
     world = dt.get_world_size()
-    mesh = None
-    if not args.dense:
-        dp, mp = (int(v) for v in args.mesh.split(",")) if args.mesh else \
-            ((2, 2) if world == 4 else (world, 1))
-        if dp * mp != world:
-            raise SystemExit(f"train.py: mesh {dp}x{mp} needs {dp * mp} ranks, running on {world}")
-        mesh = dt.ProcessMesh(np.arange(world).reshape(dp, mp).tolist(), dim_names=["dp", "mp"])
+    mesh = None if args.dense else default_mesh(world, args.mesh)
     models = ["mlp", "gpt"] if args.model == "both" else [args.model]
     curves = {m: train(m, args, mesh) for m in models}
     if args.loss_out and dt.get_rank() == 0:

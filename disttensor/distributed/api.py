@@ -330,6 +330,16 @@ def dtensor_to_local(x: Tensor) -> Tensor:
     return _to_local(x)
 
 
+@public(methods=("_local_value",), export=False)
+def local_value(x: Tensor) -> Tensor:
+    """``x._local_value()``: this rank's piece as a dense tensor sharing its buffer, outside
+    autograd (a dense ``x`` is returned itself)."""
+    if not x.is_dist():
+        return x
+    with set_grad_enabled(False):
+        return _to_local(x)
+
+
 @public()
 def unshard_dtensor(x: Tensor) -> Tensor:
     """The global value as a dense tensor on every rank of the mesh (differentiable)."""

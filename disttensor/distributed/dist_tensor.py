@@ -23,22 +23,22 @@ _MESHES: dict = {}       # ProcessMesh -> its canonical instance
 _MESH_IDS: set = set()
 
 
+def _intern(table: dict, ids: set, value):
+    if id(value) in ids:
+        return value
+    c = table.setdefault(value, value)
+    ids.add(id(c))
+    return c
+
+
 def canonical(attr: DistAttr) -> DistAttr:
     """The one shared instance equal to ``attr``."""
-    if id(attr) in _CANON_IDS:
-        return attr
-    c = _CANON.setdefault(attr, attr)
-    _CANON_IDS.add(id(c))
-    return c
+    return _intern(_CANON, _CANON_IDS, attr)
 
 
 def canonical_mesh(mesh: ProcessMesh) -> ProcessMesh:
     """The one shared instance equal to ``mesh``."""
-    if id(mesh) in _MESH_IDS:
-        return mesh
-    c = _MESHES.setdefault(mesh, mesh)
-    _MESH_IDS.add(id(c))
-    return c
+    return _intern(_MESHES, _MESH_IDS, mesh)
 
 
 class DistTensor:

@@ -21,13 +21,13 @@ and dtypes, empty pieces, no kernel. Plans depend only on metadata, so the dispa
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import numpy as np
 
 from spmd_rules import (FALLBACK_RULE, DistAttr, ProcessMesh, TensorMeta, get_rule,
                         local_offset, plan_reshard)
 
+from ..generator import default_generator
 from ..plan import Instr, OutSpec, Plan
 from ..schema import KernelCtx, OpDef
 from .dist_tensor import canonical, empty_piece
@@ -154,7 +154,7 @@ def plan_call(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh,
     coord = coord_of(mesh)
     layouts = tuple(None if m is None else m.dist_attr for m in metas)
     if coord is None:
-        return _outside_plan(op, inputs, out_metas, out_dtypes, mesh, layouts, inplace)
+        return _outside_plan(op, inputs, attrs, out_metas, out_dtypes, mesh, layouts, inplace)
     if out_metas is None:
         out_metas = (None,) * n_out  # fallback rule: shapes come from the local results
 
@@ -289,9 +289,10 @@ def _store(dst, src) -> None:
     dst[...] = src
 
 
-def _outside_plan(op: OpDef, inputs: tuple, out_metas, out_dtypes, mesh: ProcessMesh,
-                  layouts: tuple, inplace) -> Plan:
-    """A rank outside the mesh: empty pieces of the right global shapes, layouts and dtypes."""
+def _outside_plan(op: OpDef, inputs: tuple, attrs: dict, out_metas, out_dtypes,
+                  mesh: ProcessMesh, layouts: tuple, inplace) -> Plan:
+    """A rank outside the mesh: empty pieces of the right global shapes, layouts and dtypes; a
+    random op draws its seed like the members do, so every rank's generator stays in step."""
     if out_metas is None:
         raise ValueError(f"{op.name}: cannot tell the outputs of this op (no SPMD rule) on a "
                          f"rank outside {mesh}; give it a rule ({describe_inputs(inputs, mesh)})")
@@ -303,7 +304,11 @@ def _outside_plan(op: OpDef, inputs: tuple, out_metas, out_dtypes, mesh: Process
     slots = {o: n_in + k for k, o in enumerate(fresh)}
     shapes = tuple((out_metas[o].shape, out_dtypes[o]) for o in fresh)
 
+    draws = op.random and attrs.get("seed") is None
+
     def empty(xp, *arrays):
+        if draws:
+            default_generator.next_seed()
         like = next((a for a in arrays if a is not None), None)
         return tuple(empty_piece(s, d, like) for s, d in shapes)
     instrs = (Instr("empty", empty, tuple(range(n_in)), tuple(slots[o] for o in fresh),
