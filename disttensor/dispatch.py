@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from spmd_rules import DistAttr
+
 from .distributed.dist_tensor import DistTensor
 from .distributed.planner import describe_inputs, plan_call
 from .plan import CallRecord, Instr, OutSpec, Plan
@@ -446,8 +448,6 @@ def _wrap(plan: Plan, slots: list, holders: dict, inputs: tuple) -> list:
             shape = spec.shape if spec.shape is not None else np.shape(arr)
             attr = spec.dist_attr
             if attr is None:  # the fallback rule: replicated outputs
-                from spmd_rules import DistAttr
-
                 attr = DistAttr.replicated(len(shape), plan.mesh.shape)
             t = Tensor(DistTensor(dense, plan.mesh, attr, shape))
         else:

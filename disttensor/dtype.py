@@ -30,7 +30,3 @@ def to_np_dtype(dtype: Any) -> np.dtype:
     if d.kind not in "biuf":
         raise TypeError(f"dtype: unsupported dtype {d}")
     return d
-
-
-def is_floating(dtype: Any) -> bool:
-    return np.dtype(dtype).kind == "f"

@@ -12,7 +12,7 @@ import numpy as np
 
 from spmd_rules import DistAttr, ProcessMesh
 
-from ..tensor import DenseTensor
+from ..tensor import DenseTensor, array_module
 from .mesh_groups import coord_of
 
 __all__ = ["DistTensor", "canonical", "canonical_mesh", "empty_piece"]
@@ -70,5 +70,5 @@ class DistTensor:
 
 def empty_piece(shape, dtype, like: Any = None):
     """The empty local value of a rank outside the mesh."""
-    xp = np if like is None or isinstance(like, np.ndarray) else __import__("cupy")
+    xp = np if like is None else array_module(like)
     return xp.zeros((0,) * len(shape), dtype=dtype)

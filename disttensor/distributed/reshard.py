@@ -10,6 +10,7 @@ import numpy as np
 
 from spmd_rules import DistAttr, ProcessMesh, ReshardPlan, Step, local_slices, split_range
 
+from ..tensor import array_module
 from .dist_tensor import empty_piece
 from .mesh_groups import coord_of, get_rank, group_along, world
 
@@ -64,7 +65,7 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
         def place(arr):
             out_shape = list(arr.shape)
             out_shape[d] = parent
-            xp = np if isinstance(arr, np.ndarray) else __import__("cupy")
+            xp = array_module(arr)
             out = xp.full(out_shape, _identity(step.reduce_type, arr.dtype), dtype=arr.dtype)
             idx = [slice(None)] * arr.ndim
             idx[d] = slice(a, b)

@@ -182,11 +182,6 @@ def _meshes():
     return [make_mesh(m) for m in MESHES]
 
 
-def _members_only(mesh):
-    if coord_of(mesh) is None:
-        pytest.skip("this rank is outside the mesh")
-
-
 def _moved(before: dict, names=("all_gather", "all_to_all")) -> dict:
     after = collectives.collective_counts()
     return {k: after.get(k, 0) - before.get(k, 0) for k in names}
