@@ -121,7 +121,7 @@ def dt_mlp_steps(s: _Sizes, steps: int, lr: float):
     world = dt.get_world_size()
     dp, mp = _mesh_shape(world)
     mesh = dt.ProcessMesh(np.arange(world).reshape(dp, mp).tolist(), dim_names=["dp", "mp"])
-    model = train.MLP(s.din, s.hidden, s.classes)
+    model = train.MLP(s.din, s.hidden, s.classes, dropout=0.0)
     init = {k: v.numpy() for k, v in model.state_dict().items()}
     dt.shard_layer(model, mesh, train.shard_mlp)
     opt = dt.optimizer.SGD(learning_rate=lr, parameters=model.parameters())

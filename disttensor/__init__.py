@@ -17,6 +17,7 @@ from .distributed.api import (dtensor_from_local, dtensor_to_local, reshard, res
 from .distributed.mesh_groups import get_rank, get_world_size
 from .distributed.visualize import visualize_sharding
 from .schema import coverage_report
+from .jit import DistModel, to_static
 
 
 def init_parallel_env() -> None:

@@ -17,8 +17,8 @@ from .distributed.api import reshard_to, _to_local
 from .distributed.dist_tensor import DistTensor
 from .ops import cast, ones_like
 from .schema import public
-from .tape import (GradNode, edge, enable_grad, is_grad_enabled, no_grad,  # noqa: F401
-                   set_grad_enabled)
+from .tape import (GradNode, _GradMode, edge, enable_grad, is_grad_enabled,  # noqa: F401
+                   no_grad, set_grad_enabled)
 from .tensor import Tensor
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad",
@@ -49,6 +49,14 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
     Without ``inputs``: accumulate into every reachable leaf's ``.grad`` (resharded to the
     leaf's own layout). With ``inputs``: return d(roots)/d(inputs) and touch no ``.grad``.
     """
+    _GradMode.backward_depth += 1  # capture files what runs now under "backward"
+    try:
+        return _backward(roots, root_grads, retain_graph, inputs)
+    finally:
+        _GradMode.backward_depth -= 1
+
+
+def _backward(roots, root_grads, retain_graph, inputs):
     node_grads: dict[int, list] = {}  # id(node) -> per-slot grads
     nodes: dict[int, GradNode] = {}
     leaf_grads: dict[int, Tensor] = {}

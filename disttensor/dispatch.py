@@ -34,11 +34,38 @@ from .tape import _GradMode, record
 from .tensor import DenseTensor, Holder, Tensor
 
 __all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "add_recorder",
-           "remove_recorder", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place",
+           "remove_recorder", "add_write_watcher", "remove_write_watcher", "host_read", "wrap_array",
+           "note_undo", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place",
            "dense_plan"]
 
 #: callbacks ``f(CallRecord)`` told about every executed call (see disttensor.jit.record)
 _recorders: list[Callable[[CallRecord], None]] = []
+#: callbacks ``f(plan, inputs)`` told before a plan writes into its inputs' buffers (capture
+#: uses it to undo a failed capture)
+_watchers: list[Callable] = []
+
+
+#: capture installs a guard here: a host read of tensor data (``numpy()``, ``item()``, a tensor
+#: in an ``if``) cannot be part of a captured program
+_host_read_guard: list[Callable[[str], None]] = []
+
+
+#: capture installs a list here: objects that create lasting state lazily (an optimizer's
+#: moments) note how to forget it, so a failed capture leaves them as they were
+_undo_log: list[list[Callable[[], None]]] = []
+
+
+def note_undo(fn: Callable[[], None]) -> None:
+    """Inside a capture, remember ``fn`` to run if the capture fails (no-op otherwise)."""
+    for log in _undo_log:
+        log.append(fn)
+
+
+def host_read(what: str) -> None:
+    """Called before tensor data is copied to Python (``Tensor.numpy()`` and what builds on
+    it); raises inside a capture."""
+    for guard in _host_read_guard:
+        guard(what)
 
 
 def add_recorder(fn: Callable[[CallRecord], None]) -> None:
@@ -47,6 +74,14 @@ def add_recorder(fn: Callable[[CallRecord], None]) -> None:
 
 def remove_recorder(fn: Callable[[CallRecord], None]) -> None:
     _recorders.remove(fn)
+
+
+def add_write_watcher(fn: Callable) -> None:
+    _watchers.append(fn)
+
+
+def remove_write_watcher(fn: Callable) -> None:
+    _watchers.remove(fn)
 
 
 def xp_of(arr):
@@ -357,6 +392,9 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     if inplace is not None and needs_grad:
         # recorded before the write, so saved inputs carry their old version
         node = record(op, attrs, inputs, [None] * len(plan.outputs))
+    if _watchers and plan.writes:
+        for fn in list(_watchers):
+            fn(plan, inputs)
     if dev is None:
         _interpret(plan, slots, attrs, xp)
     else:
@@ -374,7 +412,7 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     elif needs_grad:
         record(op, attrs, inputs, outs)
     if _recorders:
-        _tell(plan, attrs, inputs, tuple(outs))
+        _tell(plan, attrs, inputs, tuple(outs), slots)
     return outs[0] if len(outs) == 1 and op.n_out == 1 else tuple(outs)
 
 
@@ -458,7 +496,19 @@ def _wrap(plan: Plan, slots: list, holders: dict, inputs: tuple) -> list:
     return outs
 
 
-def _tell(plan: Plan, attrs: dict, inputs: tuple, outs: tuple) -> None:
-    rec = CallRecord(plan, attrs, inputs, outs)
+def wrap_array(arr, mesh=None, dist_attr=None, shape=None) -> Tensor:
+    """A tensor around an array a replayed program computed (its own holder): dense, or this
+    rank's piece of a tensor of global ``shape`` laid out as ``dist_attr`` on ``mesh``."""
+    if type(arr) is not np.ndarray and isinstance(arr, np.generic):
+        arr = np.asarray(arr)
+    if mesh is None:
+        return Tensor(DenseTensor(arr))
+    return Tensor(DistTensor(DenseTensor(arr), mesh, dist_attr, shape))
+
+
+def _tell(plan: Plan, attrs: dict, inputs: tuple, outs: tuple, slots: list | None = None) -> None:
+    metas = None if slots is None else [
+        (tuple(a.shape), a.dtype) if hasattr(a, "dtype") else None for a in slots]
+    rec = CallRecord(plan, attrs, inputs, outs, metas)
     for fn in list(_recorders):
         fn(rec)

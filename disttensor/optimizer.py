@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .dispatch import apply
+from .dispatch import apply, note_undo
 from .nn.layer import _clear_grads, _copy_into
 from .ops import OPS, full, zeros_like
 from .ops.creation import host_scalar
@@ -107,6 +107,8 @@ class Optimizer:
         acc = store.get(id(p))
         if acc is None:
             acc = store[id(p)] = self._new_acc(name, p)
+            acc.name = f"{p._label()}_{name}_0"  # Paddle's accumulator names
+            note_undo(lambda: store.pop(id(p), None))  # a failed capture forgets it
         return acc
 
     # -- state ----------------------------------------------------------------------------------

@@ -19,11 +19,17 @@ from typing import Callable, Sequence
 from .tensor import Tensor
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "GradNode",
-           "record", "edge"]
+           "record", "edge", "in_backward"]
 
 
 class _GradMode:
     enabled = True
+    backward_depth = 0  # > 0 while the engine runs backward functions
+
+
+def in_backward() -> bool:
+    """True while the autograd engine is running backward functions."""
+    return _GradMode.backward_depth > 0
 
 
 def is_grad_enabled() -> bool:

@@ -3,6 +3,7 @@ one process and distributed with ``shard_tensor`` on a [dp, mp] mesh (Megatron-s
 weights, batch on dp).
 
     mpirun -n 4 python examples/train.py              # 2 x 2 mesh, both models
+    mpirun -n 4 python examples/train.py --to-static  # the same, each step a captured program
     python examples/train.py                          # one process (1 x 1 mesh)
     python examples/train.py --dense                  # plain dense tensors, no mesh at all
 
@@ -26,14 +27,15 @@ from disttensor import Replicate, Shard, nn
 # -- models -----------------------------------------------------------------------------------
 
 class MLP(nn.Layer):
-    def __init__(self, din: int, hidden: int, classes: int):
+    def __init__(self, din: int, hidden: int, classes: int, dropout: float = 0.1):
         super().__init__()
         self.fc1 = nn.Linear(din, hidden)
         self.bn = nn.BatchNorm1D(hidden)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
         self.fc2 = nn.Linear(hidden, classes)
 
     def forward(self, x):
-        return self.fc2(F.relu(self.bn(self.fc1(x))))
+        return self.fc2(self.drop(F.relu(self.bn(self.fc1(x)))))
 
 
 class Attention(nn.Layer):
@@ -176,12 +178,15 @@ def train_step(model: nn.Layer, opt, x, y):
 
 def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype)
+    step_fn = lambda x, y: train_step(model, opt, x, y)  # noqa: E731
+    if args.to_static:  # captured once (twice: the first step creates the optimizer states)
+        step_fn = dt.jit.to_static(step_fn)
     losses, t_start = [], time.perf_counter()
     rank0 = dt.get_rank() == 0
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         x, y = to_tensors(*batches[(step - 1) % 4], mesh)
-        loss = train_step(model, opt, x, y)
+        loss = step_fn(x, y)
         value = float(loss.numpy())
         losses.append(value)
         dt_step = time.perf_counter() - t0
@@ -190,6 +195,8 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
                   f"step time {dt_step * 1e3:7.2f} ms  {args.batch / dt_step:9.1f} samples/s",
                   flush=True)
     total = time.perf_counter() - t_start
+    if rank0 and args.to_static and args.print_program:
+        print(step_fn.program)
     if rank0:
         print(f"[{model_name}] done: {args.steps} steps in {total:.2f} s, loss "
               f"{losses[0]:.4f} -> {losses[-1]:.4f}, "
@@ -212,6 +219,10 @@ def main(argv=None) -> dict:
     p.add_argument("--mesh", default=None,
                    help="dp,mp mesh shape (default: 2,2 on 4 ranks, world,1 otherwise)")
     p.add_argument("--dense", action="store_true", help="no mesh: plain dense tensors")
+    p.add_argument("--to-static", action="store_true",
+                   help="capture each training step into a program and replay it")
+    p.add_argument("--print-program", action="store_true",
+                   help="with --to-static: print the captured program")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=2026)

@@ -24,7 +24,7 @@ import numpy as np
 from spmd_rules import (DistAttr, Partial, Placement, ProcessMesh, ReshardPlan, Replicate, Shard,
                         local_slices, plan_reshard)
 
-from ..dispatch import run
+from ..dispatch import host_read, run
 from ..dtype import to_np_dtype
 from ..nn.layer import Parameter
 from ..ops import cast, to_tensor
@@ -351,6 +351,7 @@ def unshard_dtensor(x: Tensor) -> Tensor:
 def numpy(x: Tensor) -> np.ndarray:
     """The (global) value as a numpy array. On a distributed tensor this is a collective: every
     rank of the mesh must call it."""
+    host_read("Tensor.numpy()")
     v = x._value
     if type(v) is not DistTensor:
         arr = v.array

@@ -1,4 +1,8 @@
-"""Program capture (DESIGN §8): the trace hook :func:`record`."""
+"""Program capture (DESIGN §8): the trace hook :func:`record`, :func:`to_static` /
+:class:`DistModel` and the captured :class:`Program` (forward/backward split, inplace chains,
+replay)."""
+from .capture import CaptureError, DistModel, StaticFunction, to_static
+from .program import Program
 from .record import record
 
-__all__ = ["record"]
+__all__ = ["record", "to_static", "StaticFunction", "DistModel", "CaptureError", "Program"]

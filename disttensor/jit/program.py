@@ -1,0 +1,456 @@
+"""A captured step as a :class:`Program` of SSA values (DESIGN §8, seed 001).
+
+:func:`build_program` turns the calls a capture recorded (:class:`disttensor.plan.CallRecord`)
+into
+
+* **values** — one per tensor a call produced (an inplace or mutated output is a *new* value of
+  the same buffer), per plan temporary (a reshard's result), and per program input: the step's
+  tensor arguments (``data``), its float arguments, and every tensor it read without creating it
+  (parameters, buffers, optimizer states, constants: ``external``);
+* **ops** — one per call, in order, each tagged ``forward``, ``backward`` (run by the autograd
+  engine) or ``update`` (after backward: the optimizer), with its inplace and view pairs;
+* **registers** — the arrays replay works on; an op that updates a value in place writes its
+  register, a view is recomputed from the register it views.
+
+**Inplace chains** are found with a union-find over the inplace/mutated and view pairs of the
+whole program (:class:`InplaceChains`, iterative, no recursion), rooted at the value that already
+has a name (a parameter, buffer or data input). :meth:`Program.split` cuts the program into a
+forward program ``x | params -> outputs, middles`` and a backward program
+``x | params | middles | outputs | out_grads -> x_grads, param_grads``; a forward output or
+middle reached from a parameter through an inplace chain (batch_norm's ``mean -> mean_out``, an
+optimizer update) *is* that parameter: no extra output, no second name. Replay runs the two as
+generated straight-line functions over prepared instructions (kernels with their attributes and
+contexts bound, collectives with their groups and sizes resolved).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from ..plan import CallRecord, OutSpec
+
+__all__ = ["Value", "ProgramOp", "Program", "SubProgram", "InplaceChains", "build_program"]
+
+
+@dataclass(slots=True, eq=False)
+class Value:
+    """One SSA value: its name, kind, global shape/dtype/placements, this rank's local shape,
+    the register holding it during replay and the op that defines it (None: a program input)."""
+
+    id: int
+    name: str
+    kind: str  # "data", "float", "external", "temp" (made by an op), "scratch" (plan-internal)
+    shape: tuple | None
+    dtype: Any
+    placements: tuple | None
+    local_shape: tuple
+    reg: int
+    producer: int | None = None
+    layout: Any = None  # (mesh, DistAttr) of a distributed value
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.local_shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def describe(self) -> str:
+        shape = "?" if self.shape is None else list(self.shape)
+        place = "" if self.placements is None else \
+            " [" + ",".join(_short(p) for p in self.placements) + "]"
+        return f"{self.name}: {shape} {np.dtype(self.dtype).name}{place}"
+
+
+def _short(p) -> str:
+    if p.is_shard():
+        return f"S({p.dim})"
+    if p.is_partial():
+        return f"P({p.reduce_type.value})"
+    return "R"
+
+
+@dataclass(slots=True, eq=False)
+class Step:
+    """One replay instruction over registers (see :mod:`disttensor.plan` for the kinds)."""
+
+    kind: str
+    fn: Callable
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    writes: tuple[int, ...]
+    scalar_out: bool = False  # a 0-d result the kernel may return as a numpy scalar
+
+
+@dataclass(slots=True, eq=False)
+class ProgramOp:
+    """One recorded call: its value ids (None for an absent input), phase, pairs and steps."""
+
+    index: int
+    name: str
+    phase: str
+    ins: tuple
+    outs: tuple[int, ...]
+    inplace: tuple[tuple[int, int], ...]
+    views: tuple[tuple[int, int], ...]
+    scratch: tuple[int, ...]
+    steps: tuple[Step, ...]
+    collectives: tuple[str, ...]
+    attrs: str = ""
+
+
+class InplaceChains:
+    """Union-find over value ids; a set's root is its named member (a program input), else its
+    earliest value. Iterative find with path compression: chains of any length, no recursion."""
+
+    def __init__(self, n: int, named: Callable[[int], bool]):
+        self.parent = list(range(n))
+        self._named = named
+
+    def find(self, x: int) -> int:
+        parent = self.parent
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        na, nb = self._named(ra), self._named(rb)
+        if nb and not na or (na == nb and rb < ra):
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+
+
+@dataclass(eq=False)
+class SubProgram:
+    """A forward or backward program: its interface (value ids) and its ops."""
+
+    name: str
+    ops: list[ProgramOp]
+    inputs: dict[str, list[int]]    # section -> value ids ("x", "params", "middles", ...)
+    outputs: dict[str, list[int]]
+    fn: Callable | None = field(default=None, repr=False)   # the generated replay function
+    source: str = field(default="", repr=False)
+    arg_regs: list[int] = field(default_factory=list)   # fn's parameters (registers)
+    out_regs: list[int] = field(default_factory=list)   # what fn returns (registers)
+
+
+class Program:
+    """A captured step (see the module docstring)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.values: list[Value] = []
+        self.ops: list[ProgramOp] = []
+        self.data: list[int] = []             # value ids of the tensor/float arguments
+        self.externals: list[tuple[int, Any]] = []  # (value id, the Tensor read by reference)
+        self.result: Any = None               # the step's return structure over value ids
+        # (("arg", k) | ("ext", tensor), value id | None | Tensor): the .grad bindings after a step
+        self.grads: list[tuple[tuple, Any]] = []
+        self.external_writes: dict[int, int] = {}  # external value id -> writes per replay
+        self.n_regs = 0
+        self.chains: InplaceChains | None = None
+        self.forward: SubProgram | None = None
+        self.backward: SubProgram | None = None
+        self.reg_value: dict[int, int] = {}    # register -> its latest value id
+        self.guards: list = []                 # what a replay checks about the externals
+        self.provisional: str | None = None    # why the program must be captured again
+
+    # -- analysis ---------------------------------------------------------------------------
+    def root(self, vid: int) -> int:
+        """The value that names ``vid``'s inplace/view chain."""
+        return self.chains.find(vid)
+
+    def is_input(self, vid: int) -> bool:
+        return self.values[vid].producer is None
+
+    def split(self) -> tuple[SubProgram, SubProgram]:
+        """The forward and backward programs with their interfaces (computed once)."""
+        if self.forward is None:
+            self.forward, self.backward = _split(self)
+        return self.forward, self.backward
+
+    # -- printing ----------------------------------------------------------------------------
+    def _fmt_op(self, op: ProgramOp) -> str:
+        outs = ", ".join(self.values[v].describe() for v in op.outs)
+        args = ["None" if v is None else self.values[v].name for v in op.ins]
+        if op.attrs:
+            args.append(op.attrs)
+        text = f"{outs or '()'} = {op.name}({', '.join(args)})"
+        if op.inplace:
+            text += "  inplace " + ", ".join(
+                f"{self.values[a].name}->{self.values[b].name}" for a, b in op.inplace)
+        if op.collectives:
+            text += "\n        { " + "; ".join(op.collectives) + " }"
+        return text
+
+    def __str__(self) -> str:
+        fwd, bwd = self.split()
+        lines = [f"program {self.name}: {len(self.ops)} ops, {len(self.values)} values"]
+        for sub in (fwd, bwd):
+            ins = "; ".join(f"{k}: " + ", ".join(self.values[v].describe() for v in vs)
+                            for k, vs in sub.inputs.items() if vs)
+            lines.append(f"{sub.name}({ins})")
+            for op in sub.ops:
+                lines.append(f"  [{op.phase[0]}{op.index:4d}] {self._fmt_op(op)}")
+            outs = "; ".join(f"{k}: " + ", ".join(self.values[v].name for v in vs)
+                             for k, vs in sub.outputs.items() if vs)
+            lines.append(f"  -> {outs}")
+        return "\n".join(lines)
+
+
+# -- building ----------------------------------------------------------------------------------
+
+class _Builder:
+    """Maps each tensor the capture saw to a register and its current SSA value."""
+
+    def __init__(self, prog: Program):
+        self.p = prog
+        self.reg_of: dict[int, int] = {}  # id(local DenseTensor) -> register
+        self.keep: list = []              # the DenseTensors whose ids are keys
+
+    def new_value(self, name: str | None, kind: str, shape, dtype, placements, local_shape,
+                  reg: int, producer: int | None, layout=None) -> int:
+        vid = len(self.p.values)
+        self.p.values.append(Value(vid, name or f"%{vid}", kind, None if shape is None
+                                   else tuple(shape), np.dtype(dtype), placements,
+                                   tuple(local_shape), reg, producer, layout))
+        self.p.reg_value[reg] = vid
+        return vid
+
+    def like(self, prev: int, producer: int) -> int:
+        """A new value of ``prev``'s register (an inplace update of it)."""
+        v = self.p.values[prev]
+        return self.new_value(None, "temp", v.shape, v.dtype, v.placements, v.local_shape,
+                              v.reg, producer, v.layout)
+
+    def new_reg(self) -> int:
+        self.p.n_regs += 1
+        return self.p.n_regs - 1
+
+    def tensor_value(self, t, kind: str, name: str | None, producer: int | None) -> int:
+        """A new value (and register) for tensor ``t``'s local array."""
+        dense = t._local_dense()
+        reg = self.new_reg()
+        self.reg_of[id(dense)] = reg
+        self.keep.append(dense)
+        return self.new_value(name, kind, *_meta(t), reg, producer, _layout(t))
+
+    def input_value(self, t) -> int:
+        """The current value of an input tensor (an external program input when unseen)."""
+        dense = t._local_dense()
+        reg = self.reg_of.get(id(dense))
+        if reg is not None:
+            return self.p.reg_value[reg]
+        vid = self.tensor_value(t, "external", t.name or f"ext{len(self.p.externals)}", None)
+        self.p.externals.append((vid, t))
+        return vid
+
+
+def _meta(t) -> tuple:
+    """(global shape, dtype, placements, local shape) of a tensor."""
+    v = t._value
+    arr = t._local_array()
+    placements = tuple(v.dist_attr.to_placements()) if t.is_dist() else None
+    return tuple(v.shape), arr.dtype, placements, arr.shape
+
+
+def _layout(t):
+    return (t._value.mesh, t._value.dist_attr) if t.is_dist() else None
+
+
+def _bind(instr, plan, attrs, xp) -> Callable:
+    """The instruction's function with what does not change between replays bound."""
+    if instr.kind == "kernel":
+        return partial(instr.fn, xp, attrs) if plan.kind == "dense" else partial(instr.fn, xp)
+    if instr.kind == "empty":
+        return partial(instr.fn, xp)
+    return instr.fn
+
+
+def _out_specs(plan, n_outputs: int) -> list[OutSpec]:
+    specs = list(plan.outputs)
+    if plan.op.n_out == -1 and len(specs) == 1 and n_outputs != 1:  # a dense split
+        specs = [OutSpec(specs[0].slot + k, None, None, view_of=specs[0].view_of)
+                 for k in range(n_outputs)]
+    return specs
+
+
+def _fmt_attrs(attrs: dict) -> str:
+    parts = []
+    for k, v in attrs.items():
+        if k in ("place", "src_mesh", "mesh") or callable(v):
+            continue
+        text = repr(v) if not hasattr(v, "to_placements") else str(v.to_placements())
+        parts.append(f"{k}={text if len(text) < 40 else text[:37] + '...'}")
+    return ", ".join(parts)
+
+
+def build_program(name: str, records: list[CallRecord], phases: list[str], args: list,
+                  arg_kinds: list[str], xp) -> Program:
+    """The :class:`Program` of a capture: ``records`` with their ``phases``; ``args`` the step's
+    tensor arguments (``arg_kinds``: "data" or "float")."""
+    prog = Program(name)
+    b = _Builder(prog)
+    for k, (t, kind) in enumerate(zip(args, arg_kinds)):
+        prog.data.append(b.tensor_value(t, kind, f"x{k}", None))
+    for index, (rec, phase) in enumerate(zip(records, phases)):
+        prog.ops.append(_add_op(b, index, rec, phase, xp))
+    named = {v.id for v in prog.values if v.producer is None}
+    prog.chains = InplaceChains(len(prog.values), named.__contains__)
+    for op in prog.ops:
+        for a, c in op.inplace + op.views:
+            prog.chains.union(a, c)
+    externals = {vid for vid, _ in prog.externals}
+    for op in prog.ops:  # writes into program inputs (through views too) bump their versions
+        for a, _ in op.inplace:
+            root = prog.root(a)
+            if root in externals:
+                prog.external_writes[root] = prog.external_writes.get(root, 0) + 1
+    return prog
+
+
+def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> ProgramOp:
+    plan = rec.plan
+    ins = tuple(None if t is None else b.input_value(t) for t in rec.inputs)
+    slot_reg: dict[int, int] = {}
+    for i, t in enumerate(rec.inputs):
+        if t is not None:
+            slot_reg[i] = b.p.values[ins[i]].reg
+    specs = _out_specs(plan, len(rec.outputs))
+    out_slot = {spec.slot: k for k, spec in enumerate(specs) if spec.is_input is None}
+    scratch: list[int] = []
+    steps = []
+    for instr in plan.instrs:
+        out_regs = []
+        outs = instr.outs
+        if len(outs) == 1 and plan.op.n_out == -1 and len(specs) > 1 and instr.kind == "kernel":
+            outs = tuple(spec.slot for spec in specs)  # a dense split's outputs
+        for s in outs:
+            if s not in slot_reg:
+                slot_reg[s] = b.new_reg()
+                if s not in out_slot:  # a plan temporary (a reshard's result)
+                    meta = rec.slot_metas[s] if rec.slot_metas else None
+                    shape, dtype = meta if meta else ((), np.float64)
+                    scratch.append(b.new_value(None, "scratch", None, dtype, None, shape,
+                                               slot_reg[s], index))
+            out_regs.append(slot_reg[s])
+        scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
+            np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
+        steps.append(Step(instr.kind, _bind(instr, plan, rec.attrs, xp),
+                          tuple(slot_reg[i] for i in instr.ins), tuple(out_regs),
+                          tuple(slot_reg[w] for w in instr.writes), scalar))
+    outs, inplace, views = [], [], []
+    for spec, t in zip(specs, rec.outputs):
+        if spec.is_input is not None:
+            prev = ins[spec.is_input]
+            vid = b.like(prev, index)
+            inplace.append((prev, vid))
+        else:
+            dense = t._local_dense()
+            reg = slot_reg[spec.slot]
+            b.reg_of[id(dense)] = reg
+            b.keep.append(dense)
+            vid = b.new_value(None, "temp", *_meta(t), reg, index, _layout(t))
+            if spec.view_of is not None and spec.view_of < plan.n_in:
+                views.append((ins[spec.view_of], vid))
+        outs.append(vid)
+    for i in plan.writes:  # inputs written but not returned (none today): new versions too
+        if all(a != ins[i] for a, _ in inplace):
+            inplace.append((ins[i], b.like(ins[i], index)))
+    return ProgramOp(index, plan.op.name, phase, ins, tuple(outs), tuple(inplace), tuple(views),
+                     tuple(scratch), tuple(steps), tuple(rec.collectives), _fmt_attrs(rec.attrs))
+
+
+# -- the forward / backward split and replay code ----------------------------------------------
+
+def _split(prog: Program) -> tuple[SubProgram, SubProgram]:
+    fwd_ops = [op for op in prog.ops if op.phase == "forward"]
+    bwd_ops = [op for op in prog.ops if op.phase != "forward"]
+    externals = [vid for vid, _ in prog.externals]
+    result_vids = [v for v in _leaves(prog.result) if isinstance(v, int)]
+    grad_vids = [v for _, v in prog.grads if isinstance(v, int)]
+
+    def named(vid: int) -> int:
+        """A value reached from a program input through an inplace chain is that input."""
+        r = prog.root(vid)
+        return r if prog.is_input(r) and prog.values[r].reg == prog.values[vid].reg else vid
+
+    def used(ops) -> set[int]:
+        return {v for op in ops for v in op.ins if v is not None}
+
+    fwd_defined = {v for op in fwd_ops for v in op.outs + op.scratch}
+    bwd_used = used(bwd_ops)
+    middles = sorted({named(v) for v in bwd_used if v in fwd_defined} - set(externals)
+                     - set(prog.data))
+    outputs = sorted({named(v) for v in result_vids if v in fwd_defined} - set(externals)
+                     - set(prog.data))
+    fwd_ext = sorted(set(externals) & (used(fwd_ops) | {v for op in fwd_ops
+                                                        for v, _ in op.inplace}))
+    bwd_ext = sorted(set(externals) & (bwd_used | {v for op in bwd_ops for v, _ in op.inplace}
+                                       | set(grad_vids) | set(result_vids)))
+    data_grads = sorted({v for (kind, _), v in prog.grads if kind == "arg" and isinstance(v, int)})
+    param_grads = sorted(set(grad_vids) - set(data_grads))
+    late = sorted({v for v in result_vids if v not in fwd_defined and not prog.is_input(v)})
+    fwd = SubProgram("forward", fwd_ops, {"x": list(prog.data), "params": fwd_ext},
+                     {"outputs": outputs, "middles": [m for m in middles if m not in outputs]})
+    bwd = SubProgram("backward", bwd_ops,
+                     {"x": list(prog.data), "params": bwd_ext,
+                      "middles": fwd.outputs["middles"], "outputs": outputs, "out_grads": []},
+                     {"x_grads": data_grads, "param_grads": param_grads, "outputs": late})
+    for sub in (fwd, bwd):
+        _codegen(prog, sub)
+    return fwd, bwd
+
+
+def _leaves(tree) -> list:
+    if isinstance(tree, (list, tuple)):
+        return [x for t in tree for x in _leaves(t)]
+    if isinstance(tree, dict):
+        return [x for t in tree.values() for x in _leaves(t)]
+    return [tree]
+
+
+def _asarray(a):
+    return a if type(a) is np.ndarray or not isinstance(a, np.generic) else np.asarray(a)
+
+
+def _codegen(prog: Program, sub: SubProgram) -> None:
+    """Give ``sub`` a straight-line Python function running its steps over registers (locals),
+    each register deleted after its last use; its parameters and results are the interface."""
+    arg_vids = [v for section in sub.inputs.values() for v in section]
+    arg_regs = list(dict.fromkeys(prog.values[v].reg for v in arg_vids))
+    out_vids = [v for section in sub.outputs.values() for v in section]
+    out_regs = [prog.values[v].reg for v in out_vids]
+    keep = set(out_regs) | set(arg_regs)
+    last: dict[int, int] = {}
+    steps = [s for op in sub.ops for s in op.steps]
+    for k, s in enumerate(steps):
+        for r in s.ins + s.outs + s.writes:
+            last[r] = k
+    env: dict[str, Any] = {"_asarray": _asarray}
+    lines = [f"def {sub.name}({', '.join(f'r{r}' for r in arg_regs)}):"]
+    for k, s in enumerate(steps):
+        fname = f"F{k}"
+        env[fname] = s.fn
+        args = ", ".join(f"r{r}" for r in s.ins)
+        if s.kind == "store":
+            lines.append(f"    {fname}(r{s.writes[0]}, {args})")
+        elif len(s.outs) == 1:
+            call = f"{fname}({args})"
+            lines.append(f"    r{s.outs[0]} = {'_asarray(' + call + ')' if s.scalar_out else call}")
+        else:
+            lines.append(f"    {', '.join(f'r{r}' for r in s.outs)}, = {fname}({args})")
+        dead = [r for r in dict.fromkeys(s.ins + s.outs + s.writes)
+                if last.get(r) == k and r not in keep]
+        if dead:
+            lines.append(f"    del {', '.join(f'r{r}' for r in dead)}")
+    lines.append(f"    return ({''.join(f'r{r}, ' for r in out_regs)})")
+    source = "\n".join(lines)
+    exec(compile(source, f"<disttensor program {prog.name}.{sub.name}>", "exec"), env)
+    sub.fn, sub.source, sub.arg_regs, sub.out_regs = env[sub.name], source, arg_regs, out_regs

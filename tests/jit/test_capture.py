@@ -1,0 +1,233 @@
+"""Captured programs in one process: the pitfalls peers' users hit (inplace through views,
+``x[i] = v``, optimizer updates, shape changes, per-step floats, an op reading and writing one
+value), dropout's mask advancing as in eager mode, DistModel's modes, the union-find over a long
+inplace chain, and bad input refused at capture time with nothing changed."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import disttensor as dt
+from disttensor import nn
+from disttensor.jit import CaptureError
+from disttensor.jit.program import InplaceChains
+
+
+def _both(make, steps: int = 4):
+    """Run ``make()`` -> (step function, inputs per step, state getter) eagerly and captured;
+    return both histories and the captured StaticFunction."""
+    out = {}
+    for captured in (False, True):
+        dt.seed(0)
+        step, inputs, state = make()
+        f = dt.jit.to_static(step) if captured else step
+        hist = []
+        for k in range(steps):
+            res = f(*inputs(k))
+            hist.append((np.asarray(res.numpy()) if isinstance(res, dt.Tensor) else res,
+                         [np.asarray(s) for s in state()]))
+        out[captured] = (hist, f)
+    for (r0, s0), (r1, s1) in zip(out[False][0], out[True][0]):
+        np.testing.assert_array_equal(r1, r0)
+        for a, b in zip(s1, s0):
+            np.testing.assert_array_equal(a, b)
+    return out[True][1]
+
+
+def test_inplace_through_a_view_and_setitem():
+    def make():
+        buf = dt.to_tensor(np.arange(12.0).reshape(3, 4))
+        c = dt.to_tensor(np.ones((4, 3)))
+
+        def step(x):
+            a = buf.transpose([1, 0])   # a view of the external buffer
+            a.add_(c * x)               # written through the view
+            buf[1, 0:3] = x * 2.0       # x[i] = v on the external
+            t = x * 1.0
+            t[1:3] = 7.0                # and on a temporary
+            return buf.sum() + t.sum()
+        return step, lambda k: (dt.to_tensor(np.full((3,), k + 1.0)),), \
+            lambda: [buf.numpy()]
+    f = _both(make)
+    assert f.captures == 1
+
+
+def test_optimizer_updates_inside_the_step_and_set_lr_between_steps():
+    def make():
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = dt.optimizer.Momentum(0.1, parameters=model.parameters())
+        x = dt.to_tensor(np.random.default_rng(0).standard_normal((5, 4)))
+
+        def step(x):
+            loss = model(x).mean()
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            return loss
+
+        def inputs(k):
+            opt.set_lr(0.1 / (k + 1))   # a scheduler: read when the update runs
+            return (x,)
+        return step, inputs, lambda: [p.numpy() for p in model.parameters()]
+    f = _both(make, steps=5)
+    assert f.captures == 2  # the first step makes the velocity states
+
+
+def test_dropout_masks_advance_as_in_eager_mode():
+    def make():
+        w = dt.to_tensor(np.linspace(-1, 1, 24).reshape(4, 6))
+
+        def step(x):
+            return dt.nn.functional.dropout(x * w, 0.4).sum(axis=1)
+        return step, lambda k: (dt.to_tensor(np.full((4, 6), k + 1.0)),), lambda: []
+    f = _both(make, steps=6)
+    assert f.captures == 1
+
+
+def test_an_op_that_reads_and_writes_one_value():
+    def make():
+        s = dt.to_tensor(np.array([1.5, -2.0, 0.5]))
+
+        def step(x):
+            s.multiply_(s)  # reads and writes s
+            s.add_(x)
+            return s * 1.0
+        return step, lambda k: (dt.to_tensor(np.full((3,), 0.1 * k)),), lambda: [s.numpy()]
+    _both(make)
+
+
+def test_shape_change_captures_once_more_and_floats_never():
+    w = dt.to_tensor(np.ones((4, 2)), stop_gradient=False)
+
+    def step(x, lr):
+        loss = dt.matmul(x, w).square().mean() if hasattr(dt.Tensor, "square") else \
+            (dt.matmul(x, w) * dt.matmul(x, w)).mean()
+        loss.backward()
+        with dt.no_grad():
+            w.subtract_(w.grad * lr)
+        w.clear_grad()
+        return loss
+
+    f = dt.jit.to_static(step)
+    rng = np.random.default_rng(1)
+    xa = dt.to_tensor(rng.standard_normal((8, 4)))
+    xb = dt.to_tensor(rng.standard_normal((6, 4)))
+    ref = np.ones((4, 2))
+    for k in range(100):
+        lr = 0.01 / (1 + k)  # a different float every step: an input, not a new capture
+        x = xa if k % 2 == 0 else xb
+        f(x, lr)
+        xv = x.numpy()
+        g = 2 * xv.T @ (xv @ ref) / (xv.shape[0] * 2)
+        ref = ref - np.float32(lr) * g
+    assert f.captures == 2, "one capture per shape, none for the floats"
+    np.testing.assert_allclose(w.numpy(), ref, rtol=1e-5)
+
+
+def test_dist_model_modes():
+    def build():
+        dt.seed(3)
+        layer = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+        opt = dt.optimizer.AdamW(0.01, parameters=layer.parameters())
+        return layer, opt
+
+    rng = np.random.default_rng(2)
+    xs = [dt.to_tensor(rng.standard_normal((8, 6)).astype(np.float32)) for _ in range(3)]
+    ys = [dt.to_tensor(rng.integers(0, 3, 8)) for _ in range(3)]
+    loss_fn = nn.CrossEntropyLoss()
+    layer, opt = build()
+    eager = []
+    for x, y in zip(xs, ys):
+        loss = loss_fn(layer(x), y)
+        loss.backward()
+        opt.step()
+        opt.clear_grad(set_to_zero=False)
+        eager.append(float(loss.numpy()))
+    layer.eval()
+    with dt.no_grad():
+        eager_eval = float(loss_fn(layer(xs[0]), ys[0]).numpy())
+        eager_pred = layer(xs[1]).numpy()
+    layer2, opt2 = build()
+    model = dt.to_static(layer2, None, loss_fn, opt2)
+    model.train()
+    got = [float(model(x, y).numpy()) for x, y in zip(xs, ys)]
+    assert got == eager
+    model.eval()
+    before = [p.numpy() for p in layer2.parameters()]
+    val = float(model(xs[0], ys[0]).numpy())
+    assert all(np.array_equal(a, p.numpy()) for a, p in zip(before, layer2.parameters()))
+    assert val == eager_eval  # dropout off, no update
+    model.predict()
+    for _ in range(2):  # captured, then replayed
+        np.testing.assert_array_equal(model(xs[1]).numpy(), eager_pred)
+    assert model.program is not None and "matmul" in str(model.program)
+
+
+def test_union_find_over_a_long_inplace_chain():
+    n = 10_000
+    chains = InplaceChains(n + 1, lambda v: v == 0)
+    t0 = time.perf_counter()
+    for i in range(n):
+        chains.union(i, i + 1)
+    roots = {chains.find(i) for i in range(n + 1)}
+    elapsed = time.perf_counter() - t0
+    assert roots == {0}
+    assert elapsed < 0.05, f"{elapsed * 1e3:.1f} ms"
+
+
+def test_a_long_captured_inplace_chain_is_rooted_at_its_buffer():
+    acc = dt.to_tensor(np.zeros(3))
+
+    def step(x):
+        for _ in range(2000):
+            acc.add_(x)
+        return acc * 1.0
+    f = dt.jit.to_static(step)
+    x = dt.to_tensor(np.ones(3))
+    f(x)
+    f(x)
+    np.testing.assert_array_equal(acc.numpy(), np.full(3, 4000.0))
+    prog = f.program
+    ext = prog.externals[0][0]
+    assert all(prog.root(b) == ext for op in prog.ops for _, b in op.inplace)
+    assert acc.inplace_version == 4000
+
+
+def test_bad_input_is_refused_at_capture_time_with_nothing_changed():
+    w = dt.to_tensor(np.ones(3), stop_gradient=False)  # a leaf that requires grad
+    keep = dt.to_tensor(np.arange(3.0))
+
+    def step(x):
+        keep.add_(x)   # runs first, then must be undone
+        w.add_(x)      # a mutated input that requires grad
+        return keep
+
+    f = dt.jit.to_static(step)
+    with pytest.raises(CaptureError, match=r"Leaf Var.*add_"):
+        f(dt.to_tensor(np.ones(3)))
+    assert keep.tolist() == [0.0, 1.0, 2.0] and keep.inplace_version == 0
+    assert w.tolist() == [1.0, 1.0, 1.0]
+
+    def branchy(x):
+        y = x * 2.0
+        return y if bool(y.sum() > 0) else -y
+    with pytest.raises(CaptureError, match="control flow"):
+        dt.jit.to_static(branchy)(dt.to_tensor(np.ones(2)))
+
+
+def test_returned_structures_and_printing():
+    p = dt.to_tensor(np.ones((2, 2)))
+
+    def step(x):
+        y = x + p
+        return {"y": y, "pair": (y.sum(), p), "n": 3}
+    f = dt.jit.to_static(step)
+    for k in range(3):
+        out = f(dt.to_tensor(np.full((2, 2), float(k))))
+        np.testing.assert_array_equal(out["y"].numpy(), np.full((2, 2), k + 1.0))
+        assert out["pair"][1] is p and out["n"] == 3
+        assert float(out["pair"][0].numpy()) == 4.0 * (k + 1)
+    text = str(f.program)
+    assert "forward(" in text and "add(" in text and "backward(" in text
