@@ -26,5 +26,6 @@ __version__ = "0.1.0"
 
 # -- the user layer (issue 14): data, checkpoints, plans, local code, PyTorch names, collectives --
 from . import io  # noqa: E402
+from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
 from .parallel import ShardDataloader, get_mesh, set_mesh, shard_dataloader  # noqa: E402
 # -- end of the user layer block --
