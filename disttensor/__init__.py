@@ -27,5 +27,13 @@ __version__ = "0.1.0"
 # -- the user layer (issue 14): data, checkpoints, plans, local code, PyTorch names, collectives --
 from . import io  # noqa: E402
 from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
-from .parallel import ShardDataloader, get_mesh, set_mesh, shard_dataloader  # noqa: E402
+from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402
+                       LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
+                       PrepareLayerOutput, ReduceOp, RowWiseParallel, RowwiseParallel,
+                       SequenceParallel, SequenceParallelBegin, SequenceParallelDisable,
+                       SequenceParallelEnable, SequenceParallelEnd, ShardDataloader, all_gather,
+                       all_reduce, barrier, broadcast, distribute_tensor, dtensor_from_fn,
+                       get_mesh, init_device_mesh, local_map, new_group, parallelize,
+                       parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
+                       shard_layer)
 # -- end of the user layer block --
