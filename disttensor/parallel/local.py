@@ -69,8 +69,9 @@ def _from_local(fn: str, result: Any, out_placements: Sequence, mesh: ProcessMes
             wrapped.append(o)
             continue
         if not isinstance(o, Tensor) or o.is_dist():
+            got = "a distributed tensor" if isinstance(o, Tensor) else type(o).__name__
             raise TypeError(f"{fn}: output {i} must be a dense Tensor to take placements {pl}, "
-                            f"got {'a distributed tensor' if isinstance(o, Tensor) else type(o).__name__}")
+                            f"got {got}")
         if mesh is None:
             raise ValueError(f"{fn}: no input is distributed, so pass process_mesh to place "
                              f"output {i} as {pl}")
