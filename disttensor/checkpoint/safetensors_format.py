@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -32,35 +32,49 @@ def to_safetensors_dtype(dtype) -> str:
     return _CODES[name]
 
 
-def write_file(path: str, tensors: Mapping[str, np.ndarray],
+def _little_endian(a: np.ndarray) -> np.ndarray:
+    if not a.flags.c_contiguous:
+        a = np.array(a, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+    return a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
+
+
+def write_file(path: str, tensors: Mapping[str, Any],
                metadata: Mapping[str, str] | None = None) -> int:
-    """Write ``tensors`` (name -> C-contiguous host array) to ``path`` and fsync it; returns the
-    number of bytes written."""
+    """Write ``tensors`` to ``path`` and fsync it; returns the number of bytes written.
+
+    A tensor is a host array, or a source with ``dtype``, ``shape`` and ``blocks()`` yielding
+    host arrays whose bytes, one after the other, are the tensor in row-major order (so a large
+    tensor never needs one host copy of its own size)."""
     header: dict = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     offset = 0
-    arrays = []
-    for name, arr in tensors.items():
+    for name, src in tensors.items():
         if name == "__metadata__":
             raise ValueError("safetensors: '__metadata__' is reserved and cannot name a tensor")
-        a = np.asarray(arr)
-        if not a.flags.c_contiguous:
-            a = np.array(a, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        header[name] = {"dtype": to_safetensors_dtype(a.dtype), "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-        arrays.append(a)
+        dtype, shape = np.dtype(src.dtype), [int(d) for d in src.shape]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        header[name] = {"dtype": to_safetensors_dtype(dtype), "shape": shape,
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
-        for a in arrays:
-            if a.nbytes:
-                f.write(memoryview(a.reshape(-1)).cast("B"))
+        for name, src in tensors.items():
+            blocks = [src] if isinstance(src, np.ndarray) else src.blocks()
+            written = 0
+            for block in blocks:
+                a = _little_endian(np.asarray(block, dtype=src.dtype))
+                if a.nbytes:
+                    f.write(memoryview(a.reshape(-1)).cast("B"))
+                written += a.nbytes
+            begin, end = header[name]["data_offsets"]
+            if written != end - begin:
+                raise ValueError(f"safetensors: '{name}' gave {written} bytes for shape "
+                                 f"{header[name]['shape']} of {header[name]['dtype']} "
+                                 f"({end - begin} bytes)")
         f.flush()
         os.fsync(f.fileno())
     return 8 + len(text) + offset

@@ -204,14 +204,27 @@ def _file_name(rank: int) -> str:
     return f"rank_{rank:05d}.safetensors"
 
 
-def _host_array(e: _Entry) -> np.ndarray:
-    """This rank's piece of a tensor entry as a host array."""
-    v = e.value
-    if e.kind == "array":
-        return v
-    if v.is_dist():
-        return dtensor_to_local(v).numpy()
-    return v.numpy()
+class _LocalPiece:
+    """This rank's piece of a tensor entry, handed to the file writer in row blocks of about
+    ``_BLOCK_BYTES`` (host copies of one block at a time, never of the whole piece)."""
+
+    def __init__(self, e: _Entry):
+        v = e.value
+        self._t = v if e.kind == "array" or not v.is_dist() else dtensor_to_local(v)
+        self.dtype, self.shape = np.dtype(self._t.dtype), tuple(self._t.shape)
+
+    def blocks(self):
+        t = self._t
+        if isinstance(t, np.ndarray) or not self.shape:
+            yield t if isinstance(t, np.ndarray) else t.numpy()
+            return
+        row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        step = max(1, _BLOCK_BYTES // max(row, 1))
+        for a in range(0, self.shape[0], step):
+            yield t[a:a + step].numpy()
+
+
+_BLOCK_BYTES = 16 << 20
 
 
 # -- save ------------------------------------------------------------------------------------
@@ -306,7 +319,7 @@ def save_state_dict(state_dict: Mapping, path: Any, coordinator_rank: int = 0) -
     chunks = {e.name: _entry_chunks(e, coordinator_rank) for e in entries if e.is_tensor}
 
     def write_mine() -> None:
-        mine = {e.name: _host_array(e) for e in entries if e.is_tensor
+        mine = {e.name: _LocalPiece(e) for e in entries if e.is_tensor
                 and any(r == me for r, _ in chunks[e.name])}
         if mine:
             write_file(os.path.join(tmp, _file_name(me)), mine, {"format": _FORMAT})

@@ -164,3 +164,21 @@ def test_refuses_to_replace_a_directory_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(FileExistsError, match="is not a checkpoint"):
         dt.save_state_dict({"step": 1}, str(d))
     assert (d / "notes.txt").read_text() == "keep me"
+
+
+def test_large_pieces_are_written_in_row_blocks(tmp_path, monkeypatch):
+    from safetensors.numpy import load_file
+
+    from disttensor.checkpoint import state_dict as ckpt
+
+    monkeypatch.setattr(ckpt, "_BLOCK_BYTES", 64)      # 1 or 2 rows per block
+    mesh = dt.ProcessMesh([0], dim_names=["x"])
+    a = np.random.default_rng(0).standard_normal((37, 5))
+    b = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
+    ck = str(tmp_path / "ck")
+    dt.save_state_dict({"a": dt.shard_tensor(a, mesh, [dt.Shard(1)]), "b": dt.to_tensor(b),
+                        "s": dt.to_tensor(np.float32(3.5))}, ck)
+    saved = load_file(os.path.join(ck, "rank_00000.safetensors"))
+    np.testing.assert_array_equal(saved["a"], a)
+    np.testing.assert_array_equal(saved["b"], b)
+    assert saved["s"].shape == () and saved["s"] == np.float32(3.5)
