@@ -13,7 +13,7 @@ from .tensor import Tensor, is_tensor
 from . import nn, optimizer, jit  # noqa: E402
 from .nn.layer import ParamAttr, create_parameter  # noqa: E402
 from .distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_plan,
-                              shard_layer, shard_tensor, unshard_dtensor)
+                              shard_tensor, unshard_dtensor)
 from .distributed.mesh_groups import get_rank, get_world_size
 from .distributed.visualize import visualize_sharding
 from .schema import coverage_report
@@ -26,3 +26,17 @@ def init_parallel_env() -> None:
 
 
 __version__ = "0.1.0"
+
+# -- the user layer (issue 14): data, checkpoints, plans, local code, PyTorch names, collectives --
+from . import io  # noqa: E402
+from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
+from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402
+                       LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
+                       PrepareLayerOutput, ReduceOp, RowWiseParallel, RowwiseParallel,
+                       SequenceParallel, SequenceParallelBegin, SequenceParallelDisable,
+                       SequenceParallelEnable, SequenceParallelEnd, ShardDataloader, all_gather,
+                       all_reduce, barrier, broadcast, distribute_tensor, dtensor_from_fn,
+                       get_mesh, init_device_mesh, local_map, new_group, parallelize,
+                       parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
+                       shard_layer)
+# -- end of the user layer block --

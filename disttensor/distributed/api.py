@@ -1,6 +1,6 @@
 """The entry points of the distributed layer (Paddle-style names): ``shard_tensor``,
 ``reshard``, ``dtensor_from_local``, ``dtensor_to_local``, ``unshard_dtensor``, ``reshard_plan``,
-``Tensor.numpy()``, ``shard_layer``.
+``Tensor.numpy()`` (``shard_layer`` lives with the user layer in :mod:`disttensor.parallel`).
 
 Each is a registered op (rule None: it plans itself) whose plan is built here and executed by
 :func:`disttensor.dispatch.run`, the seam every tensor passes:
@@ -37,7 +37,7 @@ from .mesh_groups import check_mesh, coord_of, group_over
 from .planner import reshard_instrs
 
 __all__ = ["shard_tensor", "reshard", "reshard_to", "reshard_plan", "dtensor_from_local",
-           "dtensor_to_local", "unshard_dtensor", "shard_layer", "numpy"]
+           "dtensor_to_local", "unshard_dtensor", "numpy", "local_value"]
 
 
 def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement], ndim: int,
@@ -363,24 +363,3 @@ def numpy(x: Tensor) -> np.ndarray:
         rep = reshard_to(x, v.mesh, DistAttr.replicated(len(v.shape), v.mesh.shape))
     arr = rep._value.local.array
     return arr if isinstance(arr, np.ndarray) else arr.get()
-
-
-@public()
-def shard_layer(layer, process_mesh: ProcessMesh, shard_fn=None):
-    """Distribute ``layer``'s parameters and buffers in place (Paddle's ``shard_layer``).
-
-    ``shard_fn(name, sublayer, process_mesh)`` is called for every sublayer (the layer itself
-    included, name "" ) and may replace its parameters with ``shard_tensor(...)`` results;
-    whatever is still dense afterwards is replicated on ``process_mesh``."""
-    for name, sub in layer.named_sublayers(include_self=True):
-        if shard_fn is not None:
-            shard_fn(name, sub, process_mesh)
-        for pname, p in list(sub._parameters.items()):
-            if p is not None and not p.is_dist():
-                setattr(sub, pname, shard_tensor(p, process_mesh,
-                                                 [Replicate()] * len(process_mesh.shape)))
-        for bname, b in list(sub._buffers.items()):
-            if b is not None and not b.is_dist():
-                setattr(sub, bname, shard_tensor(b, process_mesh,
-                                                 [Replicate()] * len(process_mesh.shape)))
-    return layer
