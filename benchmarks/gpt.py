@@ -11,8 +11,9 @@ under ``mpiexec -n dp*mp`` with train.py's Megatron-style placements (vocab-para
 and head, column q/k/v/fc1, row proj/fc2, batch on dp). Each config runs in its own process(es);
 rank 0 prints one JSON line that this driver collects.
 
-Per size and config: the median wall time of a step (forward, cross entropy, backward, AdamW;
-every rank in step, BLAS single-threaded) after ``warmup`` steps for
+Per size and config: the median time of a step (forward, cross entropy, backward, AdamW; every
+rank in step, BLAS single-threaded) after ``warmup`` steps, on two clocks (``wall``; ``cpu``:
+rank 0's process CPU time, which other load on a shared machine disturbs less), for
 
 * ``disttensor``: ``train.train_step`` on the sharded model;
 * ``numpy``: the same model, step and sharding written by hand: numpy kernels, mpi4py
@@ -280,16 +281,19 @@ def torch_step_fn(params: dict, cfg: tuple):
 
 # -- one config (this process is one rank) ---------------------------------------------------
 
-def _median_step(step, batches, warmup: int, steps: int, barrier) -> tuple[float, list[float]]:
-    losses, times = [], []
+def _median_step(step, batches, warmup: int, steps: int, barrier) -> dict:
+    """Median wall and CPU (this process) milliseconds per step, and the losses."""
+    losses, wall, cpu = [], [], []
     for i in range(warmup + steps):
         barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step(*batches[i % len(batches)]))
         barrier()
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times), losses
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    return {"step_ms": statistics.median(wall) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
+            "losses": losses}
 
 
 def worker(size: str, dp: int, mp: int, warmup: int, steps: int) -> dict:
@@ -327,41 +331,39 @@ def worker(size: str, dp: int, mp: int, warmup: int, steps: int) -> dict:
         def dt_step(xb, yb, model=model, opt=opt, mesh=mesh):
             x, y = train.to_tensors(xb, yb, mesh)
             return float(train.train_step(model, opt, x, y).numpy())
-        t, losses = _median_step(dt_step, batches, warmup, steps, barrier)
-        result[f"disttensor_{mode}"] = {"step_ms": t * 1e3, "losses": losses}
+        result[f"disttensor_{mode}"] = _median_step(dt_step, batches, warmup, steps, barrier)
     hand = HandGPT(params, cfg, dp, mp, comm)
     rows = batch // dp
 
     def np_step(xb, yb):
         return hand.step(xb[hand.dpi * rows:(hand.dpi + 1) * rows],
                          yb[hand.dpi * rows:(hand.dpi + 1) * rows])
-    t, losses = _median_step(np_step, batches, warmup, steps, barrier)
-    result["numpy"] = {"step_ms": t * 1e3, "losses": losses}
+    result["numpy"] = _median_step(np_step, batches, warmup, steps, barrier)
     if world == 1:
         try:
             step = torch_step_fn(params, cfg)
         except ImportError:
             result["torch_note"] = "torch not installed: no torch column"
         else:
-            t, losses = _median_step(step, batches, warmup, steps, barrier)
-            result["torch"] = {"step_ms": t * 1e3, "losses": losses}
+            result["torch"] = _median_step(step, batches, warmup, steps, barrier)
     return result
 
 
 def _summary(res: dict) -> dict:
     """Step times, the ratios of disttensor to each baseline and the loss agreement."""
-    out = {k: round(v["step_ms"], 3) for k, v in res.items() if isinstance(v, dict)}
-    out = {f"{k}_ms": v for k, v in out.items()}
-    ours = [k for k in res if k.startswith("disttensor")]
-    for base in ("numpy", "torch"):
-        if base in res:
-            for k in ours:
-                out[f"ratio_{k[len('disttensor_'):]}_vs_{base}"] = round(
-                    res[k]["step_ms"] / res[base]["step_ms"], 3)
+    runs = {k: v for k, v in res.items() if isinstance(v, dict)}
+    out: dict = {}
+    for clock in ("step_ms", "cpu_ms"):
+        tag = "wall" if clock == "step_ms" else "cpu"
+        out[tag] = {f"{k}_ms": round(v[clock], 3) for k, v in runs.items()}
+        for base in ("numpy", "torch"):
+            for k in (k for k in runs if k.startswith("disttensor") and base in runs):
+                out[tag][f"ratio_{k[len('disttensor_'):]}_vs_{base}"] = round(
+                    runs[k][clock] / runs[base][clock], 3)
     ref = np.array(res["numpy"]["losses"])
     out["loss_max_rel_diff"] = max(
         float(np.max(np.abs(np.array(v["losses"]) - ref) / np.abs(ref)))
-        for k, v in res.items() if isinstance(v, dict))
+        for v in runs.values())
     if "torch_note" in res:
         out["note"] = res["torch_note"]
     return out
