@@ -293,3 +293,39 @@ def test_folded_weight_grad_distributed(xpl):
     (out * dt.shard_tensor(ga, mesh, [dt.Replicate()])).sum().backward()
     np.testing.assert_allclose(w.grad.numpy(), np.einsum("bsk,bsn->kn", xa, ga), atol=1e-12)
     np.testing.assert_allclose(x.grad.numpy(), np.einsum("bsn,kn->bsk", ga, wa), atol=1e-12)
+
+
+def _ln_oracle(x, w, b, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize("xd,gd", [(np.float32, np.float32), (np.float32, np.float64),
+                                   (np.float64, np.float32)])
+def test_norm_and_softmax_kernels_mixed_dtypes(xd, gd):
+    """float32 activations with a float64 upstream gradient (and back): each output has the
+    dtype the schema declares and the oracle's values."""
+    x, g = n(6, 8).astype(xd), n(6, 8).astype(gd)
+    w, b = n(8).astype(xd), n(8).astype(xd)
+    tol = 2e-5 if np.float32 in (xd, gd) else 1e-10
+    out, mean, rstd = OPS["layer_norm"].kernel(np, x, w, b, begin_norm_axis=1, epsilon=1e-5)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(out, _ln_oracle(x64, w, b), rtol=tol, atol=tol)
+    assert out.dtype == mean.dtype == rstd.dtype == xd
+    grads = OPS["layer_norm_grad"].kernel(np, x, w, mean, rstd, g, begin_norm_axis=1,
+                                          epsilon=1e-5)
+    want = OPS["layer_norm_grad"].out_dtypes([xd, xd, xd, xd, gd], {})
+    assert tuple(a.dtype for a in grads) == want
+    # oracle: the gradient of sum(g * layer_norm(x)) by the closed form on float64
+    xhat = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    dxhat = g * w
+    dx = (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True)) \
+        / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    for got, ref in zip(grads, (dx, (g * xhat).sum(0), g.sum(0))):
+        np.testing.assert_allclose(got, ref, rtol=10 * tol, atol=10 * tol)
+    y = OPS["softmax"].kernel(np, x, axis=1)
+    assert y.dtype == xd
+    dy = OPS["softmax_grad"].kernel(np, y, g, axis=1)
+    assert dy.dtype == OPS["softmax_grad"].out_dtypes([xd, gd], {})[0]
+    np.testing.assert_allclose(dy, y * (g - (g * y).sum(1, keepdims=True)), rtol=tol, atol=tol)
