@@ -259,6 +259,10 @@ def main() -> None:
         "benchmark": "kernels", "dtype": "float32", "threads": 1, "rounds": rounds,
         "numpy": np.__version__, "torch": None if torch is None else torch.__version__,
         "note": None if torch is not None else "torch not installed: no torch column",
+        "before": {"relu_": "np.maximum out of place, then copied into x (the issue's "
+                             "description; relu_ already wrote through out= at this branch's "
+                             "base)",
+                   "others": "the kernels replaced in this change, kept in this file"},
         "results": results}, indent=1))
 
 
