@@ -245,16 +245,21 @@ def _kernel_instr(op: OpDef, local: dict, ctx, args: tuple, outs: tuple, writes:
                   direct_out: int | None) -> Instr:
     kernel = op.kernel
     collectives = tuple(ctx.collectives()) if ctx is not None else ()
+    kwargs = None
     if direct_out is not None:
         fn = _bind_out(kernel, local, ctx, args.index(direct_out) if direct_out in args else 0)
     elif ctx is not None:
+        kwargs = {**local, "ctx": ctx}
+
         def fn(xp, *arrays):
             return kernel(xp, *arrays, ctx=ctx, **local)
     else:
+        kwargs = local
+
         def fn(xp, *arrays):
             return kernel(xp, *arrays, **local)
     return Instr("kernel", fn, args, outs, writes=writes, label=op.name,
-                 collectives=collectives)
+                 collectives=collectives, kwargs=kwargs)
 
 
 def _bind_out(kernel, local: dict, ctx, target: int):

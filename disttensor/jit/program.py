@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..plan import CallRecord, OutSpec
+from ..schema import DENSE_CTX
 
 __all__ = ["Value", "ProgramOp", "Program", "SubProgram", "InplaceChains", "build_program"]
 
@@ -265,9 +266,18 @@ def _layout(t):
 
 
 def _bind(instr, plan, attrs, xp) -> Callable:
-    """The instruction's function with what does not change between replays bound."""
+    """The instruction's function with what does not change between replays bound (a kernel
+    directly with its keyword arguments, when it has no ``out=`` target)."""
     if instr.kind == "kernel":
-        return partial(instr.fn, xp, attrs) if plan.kind == "dense" else partial(instr.fn, xp)
+        op = plan.op
+        if plan.kind == "dense":
+            if instr.writes and op.accepts_out and instr.outs == instr.writes:  # out= input
+                return partial(instr.fn, xp, attrs)
+            return partial(op.kernel, xp, **({**attrs, "ctx": DENSE_CTX} if op.needs_ctx
+                                               else attrs))
+        if instr.kwargs is not None:
+            return partial(op.kernel, xp, **instr.kwargs)
+        return partial(instr.fn, xp)
     if instr.kind == "empty":
         return partial(instr.fn, xp)
     return instr.fn
