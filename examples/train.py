@@ -137,7 +137,7 @@ def gpt_data(rng, n: int, seq: int, vocab: int):
 
 #: model sizes: MLP (din, hidden, classes), GPT (vocab, seq, d, heads, layers)
 SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
-         "large": {"mlp": (256, 1024, 64), "gpt": (256, 64, 256, 8, 2)}}
+         "large": {"mlp": (256, 1024, 64), "gpt": (256, 32, 128, 4, 2)}}
 
 
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,

@@ -32,6 +32,8 @@ import numpy as np
 
 from ..plan import CallRecord, OutSpec
 from ..schema import DENSE_CTX
+from .buffers import MemoryPlan, plan_buffers
+from .memory import ALIGN
 
 __all__ = ["Value", "ProgramOp", "Program", "SubProgram", "InplaceChains", "build_program"]
 
@@ -81,6 +83,7 @@ class Step:
     outs: tuple[int, ...]
     writes: tuple[int, ...]
     scalar_out: bool = False  # a 0-d result the kernel may return as a numpy scalar
+    takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
 
 
 @dataclass(slots=True, eq=False)
@@ -161,6 +164,10 @@ class Program:
         self.reg_value: dict[int, int] = {}    # register -> its latest value id
         self.guards: list = []                 # what a replay checks about the externals
         self.provisional: str | None = None    # why the program must be captured again
+        self.plan_memory = True                # replay in a planned arena (buffers.py)
+        self.memory: MemoryPlan | None = None
+        self.arena = None                      # the arena array while planned
+        self._xp = np
 
     # -- analysis ---------------------------------------------------------------------------
     def root(self, vid: int) -> int:
@@ -171,10 +178,49 @@ class Program:
         return self.values[vid].producer is None
 
     def split(self) -> tuple[SubProgram, SubProgram]:
-        """The forward and backward programs with their interfaces (computed once)."""
+        """The forward and backward programs with their interfaces, their buffer plan and
+        replay functions (computed once)."""
         if self.forward is None:
             self.forward, self.backward = _split(self)
+            if self.plan_memory:
+                self.memory = plan_buffers(self, self.escaping())
+                self.arena = _arena(self.memory.arena.size, self._xp)
+            for sub in (self.forward, self.backward):
+                _codegen(self, sub)
         return self.forward, self.backward
+
+    def escaping(self) -> set[int]:
+        """Value ids the step hands back: its results and the gradients it leaves on tensors."""
+        return {v for v in _leaves(self.result) if isinstance(v, int)} | \
+            {v for _, v in self.grads if isinstance(v, int)}
+
+    def memory_report(self, eager_peak: int | None = None) -> dict:
+        """The buffer plan in numbers: arena bytes, the lower bound (most bytes live at once),
+        the total without reuse, the winning strategy, ``eager_peak`` (bytes, as measured by
+        the caller, e.g. with :func:`disttensor.jit.peak_bytes`) and per buffer its offset,
+        size and live range over the replay's instructions."""
+        self.split()
+        mp = self.memory
+        if mp is None:
+            raise ValueError(f"program {self.name} was captured without a memory plan")
+        a = mp.arena
+        return {"arena_bytes": a.size, "lower_bound_bytes": a.lower_bound,
+                "no_reuse_bytes": a.no_reuse, "strategy": a.strategy, "tried": a.tried,
+                "vs_lower_bound": round(a.size / a.lower_bound, 4) if a.lower_bound else 1.0,
+                "eager_peak_bytes": eager_peak, "instructions": mp.n_steps,
+                "inplace_reuse": [f"{o}: {i} -> {r}" for o, i, r in mp.reused],
+                "buffers": [{"name": b.name, "offset": a.offsets[b.id], "bytes": b.size,
+                             "live": [b.first, b.last]} for b in mp.buffers]}
+
+    def plot_memory(self, path: str) -> None:
+        """Draw the arena (x: instruction, y: offset; one rectangle per buffer) with the
+        lower-bound curve (bytes live at each instruction) over it, into ``path`` (needs
+        matplotlib: ``pip install disttensor[plot]``)."""
+        from .plot import plot_arena
+        self.split()
+        if self.memory is None:
+            raise ValueError(f"program {self.name} was captured without a memory plan")
+        plot_arena(self.memory.buffers, self.memory.arena, path, title=f"program {self.name}")
 
     # -- printing ----------------------------------------------------------------------------
     def _fmt_op(self, op: ProgramOp) -> str:
@@ -265,22 +311,23 @@ def _layout(t):
     return (t._value.mesh, t._value.dist_attr) if t.is_dist() else None
 
 
-def _bind(instr, plan, attrs, xp) -> Callable:
+def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
     """The instruction's function with what does not change between replays bound (a kernel
-    directly with its keyword arguments, when it has no ``out=`` target)."""
+    directly with its keyword arguments, when it has no ``out=`` target), and whether it
+    accepts ``out=``."""
     if instr.kind == "kernel":
         op = plan.op
         if plan.kind == "dense":
             if instr.writes and op.accepts_out and instr.outs == instr.writes:  # out= input
-                return partial(instr.fn, xp, attrs)
+                return partial(instr.fn, xp, attrs), False
             return partial(op.kernel, xp, **({**attrs, "ctx": DENSE_CTX} if op.needs_ctx
-                                               else attrs))
+                                               else attrs)), op.accepts_out
         if instr.kwargs is not None:
-            return partial(op.kernel, xp, **instr.kwargs)
-        return partial(instr.fn, xp)
+            return partial(op.kernel, xp, **instr.kwargs), op.accepts_out and not instr.writes
+        return partial(instr.fn, xp), False
     if instr.kind == "empty":
-        return partial(instr.fn, xp)
-    return instr.fn
+        return partial(instr.fn, xp), False
+    return instr.fn, False
 
 
 def _out_specs(plan, n_outputs: int) -> list[OutSpec]:
@@ -306,6 +353,7 @@ def build_program(name: str, records: list[CallRecord], phases: list[str], args:
     """The :class:`Program` of a capture: ``records`` with their ``phases``; ``args`` the step's
     tensor arguments (``arg_kinds``: "data" or "float")."""
     prog = Program(name)
+    prog._xp = xp
     b = _Builder(prog)
     for k, (t, kind) in enumerate(zip(args, arg_kinds)):
         prog.data.append(b.tensor_value(t, kind, f"x{k}", None))
@@ -352,9 +400,10 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
             out_regs.append(slot_reg[s])
         scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
             np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
-        steps.append(Step(instr.kind, _bind(instr, plan, rec.attrs, xp),
-                          tuple(slot_reg[i] for i in instr.ins), tuple(out_regs),
-                          tuple(slot_reg[w] for w in instr.writes), scalar))
+        fn, takes_out = _bind(instr, plan, rec.attrs, xp)
+        steps.append(Step(instr.kind, fn, tuple(slot_reg[i] for i in instr.ins),
+                          tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
+                          takes_out and len(out_regs) == 1))
     outs, inplace, views = [], [], []
     for spec, t in zip(specs, rec.outputs):
         if spec.is_input is not None:
@@ -413,8 +462,6 @@ def _split(prog: Program) -> tuple[SubProgram, SubProgram]:
                      {"x": list(prog.data), "params": bwd_ext,
                       "middles": fwd.outputs["middles"], "outputs": outputs, "out_grads": []},
                      {"x_grads": data_grads, "param_grads": param_grads, "outputs": late})
-    for sub in (fwd, bwd):
-        _codegen(prog, sub)
     return fwd, bwd
 
 
@@ -430,9 +477,24 @@ def _asarray(a):
     return a if type(a) is np.ndarray or not isinstance(a, np.generic) else np.asarray(a)
 
 
+def _arena(nbytes: int, xp):
+    """One byte array of ``nbytes`` whose first byte is :data:`ALIGN`-aligned."""
+    raw = xp.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = (-raw.data.ptr if xp is not np else -raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
+
+
+def _into(buf, a):
+    """Copy a kernel's fresh result into its planned buffer."""
+    buf[...] = a
+    return buf
+
+
 def _codegen(prog: Program, sub: SubProgram) -> None:
     """Give ``sub`` a straight-line Python function running its steps over registers (locals),
-    each register deleted after its last use; its parameters and results are the interface."""
+    each register deleted after its last use; its parameters and results are the interface.
+    With a memory plan, a step that defines a planned register writes into its arena block:
+    through ``out=`` when the kernel takes it, else by one copy."""
     arg_vids = [v for section in sub.inputs.values() for v in section]
     arg_regs = list(dict.fromkeys(prog.values[v].reg for v in arg_vids))
     out_vids = [v for section in sub.outputs.values() for v in section]
@@ -443,19 +505,31 @@ def _codegen(prog: Program, sub: SubProgram) -> None:
     for k, s in enumerate(steps):
         for r in s.ins + s.outs + s.writes:
             last[r] = k
-    env: dict[str, Any] = {"_asarray": _asarray}
+    mp = prog.memory
+    offset = 0 if sub is prog.forward or mp is None else \
+        sum(len(op.steps) for op in prog.forward.ops)
+    env: dict[str, Any] = {"_asarray": _asarray, "_into": _into}
     lines = [f"def {sub.name}({', '.join(f'r{r}' for r in arg_regs)}):"]
     for k, s in enumerate(steps):
         fname = f"F{k}"
         env[fname] = s.fn
         args = ", ".join(f"r{r}" for r in s.ins)
+        planned = [] if mp is None else [r for r in s.outs if (offset + k, r) in mp.define]
+        for r in planned:
+            off, dtype, shape = mp.reg_at[r]
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            env[f"B{r}"] = prog.arena[off:off + size].view(dtype).reshape(shape)
         if s.kind == "store":
             lines.append(f"    {fname}(r{s.writes[0]}, {args})")
+        elif planned and s.takes_out:
+            lines.append(f"    r{s.outs[0]} = {fname}({args}{', ' if args else ''}out=B{s.outs[0]})")
         elif len(s.outs) == 1:
             call = f"{fname}({args})"
             lines.append(f"    r{s.outs[0]} = {'_asarray(' + call + ')' if s.scalar_out else call}")
         else:
             lines.append(f"    {', '.join(f'r{r}' for r in s.outs)}, = {fname}({args})")
+        if planned and not s.takes_out:
+            lines.extend(f"    r{r} = _into(B{r}, r{r})" for r in planned)
         dead = [r for r in dict.fromkeys(s.ins + s.outs + s.writes)
                 if last.get(r) == k and r not in keep]
         if dead:
