@@ -318,8 +318,7 @@ def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
     for vid, t in prog.externals:
         regs[prog.values[vid].reg] = t._local_array()
     for sub in (fwd, bwd):
-        outs = sub.fn(*[regs[r] for r in sub.arg_regs])
-        regs.update(zip(sub.out_regs, outs))
+        regs.update(zip(sub.out_regs, sub.fn(regs)))
     for vid, t in prog.externals:
         n = prog.external_writes.get(vid)
         if n:

@@ -138,7 +138,8 @@ class SubProgram:
     ops: list[ProgramOp]
     inputs: dict[str, list[int]]    # section -> value ids ("x", "params", "middles", ...)
     outputs: dict[str, list[int]]
-    fn: Callable | None = field(default=None, repr=False)   # the generated replay function
+    fn: Callable | None = field(default=None, repr=False)   # the generated replay function:
+    # fn(registers dict) -> the values of out_regs; it pops the middles from the dict
     source: str = field(default="", repr=False)
     arg_regs: list[int] = field(default_factory=list)   # fn's parameters (registers)
     out_regs: list[int] = field(default_factory=list)   # what fn returns (registers)
@@ -509,7 +510,11 @@ def _codegen(prog: Program, sub: SubProgram) -> None:
     offset = 0 if sub is prog.forward or mp is None else \
         sum(len(op.steps) for op in prog.forward.ops)
     env: dict[str, Any] = {"_asarray": _asarray, "_into": _into}
-    lines = [f"def {sub.name}({', '.join(f'r{r}' for r in arg_regs)}):"]
+    # the function takes the registers in a dict and pops the middles, so that its ``del``
+    # frees them (the caller keeps no reference)
+    popped = {prog.values[v].reg for v in sub.inputs.get("middles", ())}
+    lines = [f"def {sub.name}(R):"]
+    lines.extend(f"    r{r} = R.{'pop' if r in popped else '__getitem__'}({r})" for r in arg_regs)
     for k, s in enumerate(steps):
         fname = f"F{k}"
         env[fname] = s.fn
