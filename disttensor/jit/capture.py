@@ -49,7 +49,7 @@ def _arg_signature(a: Any) -> tuple:
     if isinstance(a, Tensor):
         v = a._value
         place = (id(v.mesh), id(v.dist_attr)) if type(v) is DistTensor else "dense"
-        return ("T", tuple(v.shape), str(np.dtype(a.dtype)), place, a.stop_gradient)
+        return ("T", v.shape, v.dtype, place, a.stop_gradient)
     if isinstance(a, float) and not isinstance(a, bool):
         return ("f",)
     if isinstance(a, (int, bool, str, type(None), bytes)):
@@ -268,7 +268,7 @@ def _bind_results(prog: Program, result: Any, tensors: list, cap: _Capture) -> N
         if t.grad is not before:
             target = next((("arg", k) for k, a in enumerate(tensors) if a is t), ("ext", t))
             prog.grads.append((target, None if t.grad is None else ref(t.grad)))
-    prog.guards = [(t, tuple(t._value.shape), np.dtype(t.dtype), _layout_key(t),
+    prog.guards = [(t, t._value, tuple(t._value.shape), np.dtype(t.dtype), _layout_key(t),
                     t.grad is None) for _, t in prog.externals]
 
 
@@ -292,10 +292,12 @@ def _stale(prog: Program) -> str | None:
     tensors it reads by reference no longer fit it."""
     if prog.provisional:
         return prog.provisional
-    for t, shape, dtype, layout, grad_none in prog.guards:
-        if tuple(t._value.shape) != shape or np.dtype(t.dtype) != dtype \
-                or _layout_key(t) != layout:
-            return f"tensor {t._label()} changed shape, dtype or layout"
+    for k, (t, value, shape, dtype, layout, grad_none) in enumerate(prog.guards):
+        if t._value is not value:  # value objects never change: compare only a new one
+            if tuple(t._value.shape) != shape or np.dtype(t.dtype) != dtype \
+                    or _layout_key(t) != layout:
+                return f"tensor {t._label()} changed shape, dtype or layout"
+            prog.guards[k] = (t, t._value, shape, dtype, layout, grad_none)
         if (t.grad is None) != grad_none:
             return f"tensor {t._label()} {'has' if grad_none else 'lost'} a gradient at entry"
     return None
