@@ -32,8 +32,9 @@ import numpy as np
 
 from ..plan import CallRecord, OutSpec
 from ..schema import DENSE_CTX
-from .buffers import MemoryPlan, plan_buffers
-from .memory import ALIGN
+from .buffers import MemoryPlan, plan_buffers, timeline
+from .memory import ALIGN, OverlapError
+from .plot import plot_arena
 
 __all__ = ["Value", "ProgramOp", "Program", "SubProgram", "InplaceChains", "build_program"]
 
@@ -195,6 +196,18 @@ class Program:
         return {v for v in _leaves(self.result) if isinstance(v, int)} | \
             {v for _, v in self.grads if isinstance(v, int)}
 
+    def watch_writes(self) -> None:
+        """Regenerate the replay functions with a check around every instruction: the arena
+        blocks of values live across it, other than the ones it defines or updates, must hold
+        the same bytes after it (a kernel writing outside its buffer is named with the value
+        whose bytes it changed). For tests: it copies the live blocks at every instruction."""
+        self.split()
+        if self.memory is None:
+            raise ValueError(f"program {self.name} was captured without a memory plan")
+        watch = WriteWatch(self)
+        for sub in (self.forward, self.backward):
+            _codegen(self, sub, watch)
+
     def memory_report(self, eager_peak: int | None = None) -> dict:
         """The buffer plan in numbers: arena bytes, the lower bound (most bytes live at once),
         the total without reuse, the winning strategy, ``eager_peak`` (bytes, as measured by
@@ -217,7 +230,6 @@ class Program:
         """Draw the arena (x: instruction, y: offset; one rectangle per buffer) with the
         lower-bound curve (bytes live at each instruction) over it, into ``path`` (needs
         matplotlib: ``pip install disttensor[plot]``)."""
-        from .plot import plot_arena
         self.split()
         if self.memory is None:
             raise ValueError(f"program {self.name} was captured without a memory plan")
@@ -478,6 +490,34 @@ def _asarray(a):
     return a if type(a) is np.ndarray or not isinstance(a, np.generic) else np.asarray(a)
 
 
+class WriteWatch:
+    """The checks :meth:`Program.watch_writes` puts around each replay instruction."""
+
+    def __init__(self, prog: Program):
+        mp = prog.memory
+        steps = timeline(prog)
+        self.prog, self.names = prog, {b.id: b.name for b in mp.buffers}
+        self.ops = [op.name for op, _ in steps]
+        written: dict[int, set[int]] = {}   # step -> buffers it may write
+        for k, (_, s) in enumerate(steps):
+            written[k] = {mp.group[r] for r in s.outs + s.writes if r in mp.group}
+        self.protect = [[(b.id, mp.arena.offsets[b.id], b.size) for b in mp.buffers
+                         if b.first < k <= b.last and b.id not in written[k]]
+                        for k in range(len(steps))]
+        self.saved: list = []
+
+    def before(self, k: int) -> None:
+        arena = self.prog.arena
+        self.saved = [(g, off, arena[off:off + size].copy()) for g, off, size in self.protect[k]]
+
+    def after(self, k: int) -> None:
+        arena = self.prog.arena
+        for g, off, old in self.saved:
+            if not (arena[off:off + old.size] == old).all():
+                raise OverlapError(f"step {k} ({self.ops[k]}) wrote outside its buffers: the "
+                                   f"bytes of {self.names[g]}, live across it, changed")
+
+
 def _arena(nbytes: int, xp):
     """One byte array of ``nbytes`` whose first byte is :data:`ALIGN`-aligned."""
     raw = xp.empty(nbytes + ALIGN, dtype=np.uint8)
@@ -491,11 +531,12 @@ def _into(buf, a):
     return buf
 
 
-def _codegen(prog: Program, sub: SubProgram) -> None:
+def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) -> None:
     """Give ``sub`` a straight-line Python function running its steps over registers (locals),
     each register deleted after its last use; its parameters and results are the interface.
     With a memory plan, a step that defines a planned register writes into its arena block:
-    through ``out=`` when the kernel takes it, else by one copy."""
+    through ``out=`` when the kernel takes it, else by one copy. With ``watch``, every step is
+    bracketed by its checks (:class:`WriteWatch`)."""
     arg_vids = [v for section in sub.inputs.values() for v in section]
     arg_regs = list(dict.fromkeys(prog.values[v].reg for v in arg_vids))
     out_vids = [v for section in sub.outputs.values() for v in section]
@@ -509,7 +550,7 @@ def _codegen(prog: Program, sub: SubProgram) -> None:
     mp = prog.memory
     offset = 0 if sub is prog.forward or mp is None else \
         sum(len(op.steps) for op in prog.forward.ops)
-    env: dict[str, Any] = {"_asarray": _asarray, "_into": _into}
+    env: dict[str, Any] = {"_asarray": _asarray, "_into": _into, "_watch": watch}
     # the function takes the registers in a dict and pops the middles, so that its ``del``
     # frees them (the caller keeps no reference)
     popped = {prog.values[v].reg for v in sub.inputs.get("middles", ())}
@@ -524,6 +565,8 @@ def _codegen(prog: Program, sub: SubProgram) -> None:
             off, dtype, shape = mp.reg_at[r]
             size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             env[f"B{r}"] = prog.arena[off:off + size].view(dtype).reshape(shape)
+        if watch is not None:
+            lines.append(f"    _watch.before({offset + k})")
         if s.kind == "store":
             lines.append(f"    {fname}(r{s.writes[0]}, {args})")
         elif planned and s.takes_out:
@@ -535,6 +578,8 @@ def _codegen(prog: Program, sub: SubProgram) -> None:
             lines.append(f"    {', '.join(f'r{r}' for r in s.outs)}, = {fname}({args})")
         if planned and not s.takes_out:
             lines.extend(f"    r{r} = _into(B{r}, r{r})" for r in planned)
+        if watch is not None:
+            lines.append(f"    _watch.after({offset + k})")
         dead = [r for r in dict.fromkeys(s.ins + s.outs + s.writes)
                 if last.get(r) == k and r not in keep]
         if dead:

@@ -244,3 +244,30 @@ def test_planned_and_unplanned_replays_agree_and_the_plot_is_drawn(tmp_path):
     path = tmp_path / "arena.png"
     a[2].program.plot_memory(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+@pytest.mark.mpi
+def test_a_kernel_writing_outside_its_buffer_is_caught(comm):
+    mesh = train.default_mesh(WORLD)
+    model, opt, batches = train.build("gpt", 7, mesh)
+    step = dt.jit.to_static(lambda x, y: train.train_step(model, opt, x, y))
+    data = [train.to_tensors(*b, mesh) for b in batches]
+    for k in range(2):
+        step(*data[k])
+    prog = step.program
+    prog.watch_writes()
+    step(*data[2])  # a correct plan passes every check
+    watch = prog.forward.fn.__globals__["_watch"]
+    k = next(k for k in range(len(prog.forward.ops)) if watch.protect[k])
+    g, off, _ = watch.protect[k][0]
+    env = prog.forward.fn.__globals__
+    kernel = env[f"F{k}"]
+
+    def stray(*args, **kwargs):  # the kernel also flips a byte of a live neighbour
+        out = kernel(*args, **kwargs)
+        prog.arena[off] ^= 0xFF
+        return out
+    env[f"F{k}"] = stray
+    with pytest.raises(OverlapError, match=rf"step {k} \(\w+\) wrote outside its buffers: the "
+                                           rf"bytes of buffer of %\d+, live across it, changed"):
+        step(*data[3])
