@@ -135,18 +135,24 @@ def gpt_data(rng, n: int, seq: int, vocab: int):
 
 # -- training ---------------------------------------------------------------------------------
 
+#: model sizes: MLP (din, hidden, classes), GPT (vocab, seq, d, heads, layers)
+SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
+         "large": {"mlp": (256, 1024, 64), "gpt": (256, 32, 128, 4, 2)}}
+
+
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
-          dtype: str = "float32"):
+          dtype: str = "float32", size: str = "default"):
     """(model, optimizer, batches): the model placed on ``mesh`` (dense without one), AdamW,
     and the four global (x, y) batches the steps cycle through."""
     dt.seed(seed)
     rng = np.random.default_rng(seed)
+    dims = SIZES[size][model_name]
     if model_name == "mlp":
-        model, shard_fn, lr = MLP(16, 32, 8), shard_mlp, 1e-2
-        x_all, y_all = mlp_data(rng, batch * 4, 16, 8)
+        model, shard_fn, lr = MLP(*dims), shard_mlp, 1e-2
+        x_all, y_all = mlp_data(rng, batch * 4, dims[0], dims[2])
     else:
-        model, shard_fn, lr = GPT(64, 16, 32, 4, 2), shard_gpt, 3e-3
-        x_all, y_all = gpt_data(rng, batch * 4, 16, 64)
+        model, shard_fn, lr = GPT(*dims), shard_gpt, 3e-3
+        x_all, y_all = gpt_data(rng, batch * 4, dims[1], dims[0])
     if dtype != "float32":
         model.to(dtype=dtype)
         if model_name == "mlp":
