@@ -355,8 +355,8 @@ def _full_like_kernel(xp, x, fill_value, dtype, out=None):
     return out
 
 
-register("cast", _cast_kernel, backward=_cast_bwd, rule="elementwise", dtype=attr_dtype(),
-         accepts_out=True,
+register("cast", _cast_kernel, backward=_cast_bwd, accepts_out=True,
+         rule="elementwise", dtype=attr_dtype(),
          rule_attrs=lambda a: {"linear": "unary" if np.dtype(a["dtype"]).kind == "f"
                                and np.dtype(a["src_dtype"]).kind == "f" else None})
 
@@ -396,9 +396,9 @@ def _where_bwd(node, g):
 register("where", lambda xp, c, x, y: xp.where(c, x, y), backward=_where_bwd,
          rule="elementwise", save_inputs=(0,), grad_inputs=(1, 2), no_need_buffer=(1, 2),
          dtype=lambda dtypes, attrs: (np.result_type(dtypes[1], dtypes[2]),))
-register("full_like", _full_like_kernel,
+register("full_like", _full_like_kernel, accepts_out=True,
          rule="elementwise", rule_attrs={"linear": "like"}, no_need_buffer=(0,),
-         dtype=attr_dtype(), accepts_out=True)
+         dtype=attr_dtype())
 
 
 # -- public functions --------------------------------------------------------------------------
