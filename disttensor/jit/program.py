@@ -541,7 +541,6 @@ def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) 
     arg_regs = list(dict.fromkeys(prog.values[v].reg for v in arg_vids))
     out_vids = [v for section in sub.outputs.values() for v in section]
     out_regs = [prog.values[v].reg for v in out_vids]
-    keep = set(out_regs) | set(arg_regs)
     last: dict[int, int] = {}
     steps = [s for op in sub.ops for s in op.steps]
     for k, s in enumerate(steps):
@@ -554,6 +553,7 @@ def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) 
     # the function takes the registers in a dict and pops the middles, so that its ``del``
     # frees them (the caller keeps no reference)
     popped = {prog.values[v].reg for v in sub.inputs.get("middles", ())}
+    keep = set(out_regs) | (set(arg_regs) - popped)
     lines = [f"def {sub.name}(R):"]
     lines.extend(f"    r{r} = R.{'pop' if r in popped else '__getitem__'}({r})" for r in arg_regs)
     for k, s in enumerate(steps):
