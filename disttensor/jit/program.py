@@ -402,6 +402,10 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
         outs = instr.outs
         if len(outs) == 1 and plan.op.n_out == -1 and len(specs) > 1 and instr.kind == "kernel":
             outs = tuple(spec.slot for spec in specs)  # a dense split's outputs
+        if instr.kind == "kernel" and len(outs) == len(specs):
+            for s, spec in zip(outs, specs):  # what a kernel returns for an input it mutates
+                if spec.is_input is not None and s not in slot_reg:  # is that input's array
+                    slot_reg[s] = slot_reg[spec.is_input]
         for s in outs:
             if s not in slot_reg:
                 slot_reg[s] = b.new_reg()
