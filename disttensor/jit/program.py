@@ -25,7 +25,7 @@ contexts bound, collectives with their groups and sizes resolved).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
 import numpy as np
@@ -190,6 +190,22 @@ class Program:
             for sub in (self.forward, self.backward):
                 _codegen(self, sub)
         return self.forward, self.backward
+
+    @cached_property
+    def data_regs(self) -> list[int]:
+        """The registers of the step's arguments, in order (computed once, after capture)."""
+        return [self.values[v].reg for v in self.data]
+
+    @cached_property
+    def external_regs(self) -> list[tuple[int, Any]]:
+        """(register, tensor) of every tensor the program reads by reference."""
+        return [(self.values[v].reg, t) for v, t in self.externals]
+
+    @cached_property
+    def version_bumps(self) -> list[tuple[Any, int]]:
+        """(tensor, writes) of every tensor the program writes in place."""
+        return [(t, self.external_writes[v]) for v, t in self.externals
+                if self.external_writes.get(v)]
 
     def escaping(self) -> set[int]:
         """Value ids the step hands back: its results and the gradients it leaves on tensors."""
