@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 import train  # noqa: E402
 
-EXAMPLE = os.path.join(HERE, "..", "..", "..", "shared", "data", "memory_planning_example.json")
+EXAMPLE = os.path.join(HERE, "..", "data", "memory_planning_example.json")  # from ../shared/data
 
 
 def _example() -> tuple[list[Buffer], dict]:
