@@ -33,6 +33,7 @@ from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
 from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402
                        LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
                        PrepareLayerOutput, ReduceOp, RowWiseParallel, RowwiseParallel,
+                       ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer,
                        SequenceParallel, SequenceParallelBegin, SequenceParallelDisable,
                        SequenceParallelEnable, SequenceParallelEnd, ShardDataloader, all_gather,
                        all_reduce, barrier, broadcast, distribute_tensor, dtensor_from_fn,

@@ -10,6 +10,10 @@ float64 tensors updated by the kernel. The learning rate enters each step as a `
 read when the update runs, so a captured step picks up ``set_lr`` and schedulers on replay. A
 parameter's ``optimize_attr["learning_rate"]`` (from ``ParamAttr``) multiplies the learning rate.
 
+``dt.shard_optimizer(opt, shard_fn)`` sets a ``shard_fn(accumulator_name, param, state)`` that
+lays out each state tensor when it is created (ZeRO's stages shard them over the data-parallel
+mesh dim); the fused update then runs in the merged layout of its inputs.
+
 ``weight_decay`` (a float) is L2 regularization for SGD/Momentum/Adam (``grad += wd * param``) and
 decoupled decay for AdamW (``param *= 1 - lr * wd`` before the Adam update), as in Paddle.
 """
@@ -56,6 +60,7 @@ class Optimizer:
         # accumulator name -> id(param) -> state Tensor
         self._accumulators: dict[str, dict[int, Tensor]] = {n: {} for n in
                                                            self._accumulator_names}
+        self._shard_fn: Callable[[str, Tensor, Tensor], Tensor] | None = None
 
     def _check_lr(self, lr: Any) -> float:
         if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating)):
@@ -102,11 +107,26 @@ class Optimizer:
         """A fresh state tensor (zeros laid out like the parameter)."""
         return zeros_like(p)
 
+    def _set_shard_fn(self, shard_fn: Callable[[str, Tensor, Tensor], Tensor] | None) -> None:
+        """Lay out states with ``shard_fn`` from now on; existing states are laid out now."""
+        self._shard_fn = shard_fn
+        if shard_fn is None:
+            return
+        by_id = {id(p): p for p in self._parameter_list}
+        for name, store in self._accumulators.items():
+            for k, acc in list(store.items()):
+                new = shard_fn(name, by_id[k], acc)
+                new.name = acc.name
+                store[k] = new
+
     def _acc(self, name: str, p: Tensor) -> Tensor:
         store = self._accumulators[name]
         acc = store.get(id(p))
         if acc is None:
-            acc = store[id(p)] = self._new_acc(name, p)
+            acc = self._new_acc(name, p)
+            if self._shard_fn is not None:
+                acc = self._shard_fn(name, p, acc)
+            store[id(p)] = acc
             acc.name = f"{p._label()}_{name}_0"  # Paddle's accumulator names
             note_undo(lambda: store.pop(id(p), None))  # a failed capture forgets it
         return acc

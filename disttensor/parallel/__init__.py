@@ -5,6 +5,7 @@
 * plans: :func:`parallelize` with ColWise/RowWise/SequenceParallel* plans, :func:`shard_layer`,
   :func:`set_mesh`/:func:`get_mesh`; PyTorch's :func:`parallelize_module` with
   ColwiseParallel/RowwiseParallel/SequenceParallel;
+* ZeRO: :func:`shard_optimizer` with :class:`ShardingStage1`/``2``/``3`` on the dp mesh dim;
 * PyTorch names: :func:`init_device_mesh`, :class:`DeviceMesh` (``mesh["tp"]``),
   :func:`distribute_tensor`, :class:`DTensor`, and the Tensor methods ``to_local``,
   ``full_tensor``, ``redistribute`` and the property ``device_mesh``;
@@ -21,6 +22,7 @@ from .creation import dtensor_from_fn
 from .data import ShardDataloader, shard_dataloader
 from .local import LocalLayer, local_map
 from .mesh import DeviceMesh, get_mesh, init_device_mesh, set_mesh
+from .sharding import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
 from .plans import (ColWiseParallel, PlanBase, PrepareLayerInput, PrepareLayerOutput,
                     RowWiseParallel, SequenceParallelBegin, SequenceParallelDisable,
                     SequenceParallelEnable, SequenceParallelEnd, parallelize, shard_layer)
@@ -41,4 +43,5 @@ __all__ = [
     "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
     "init_device_mesh", "DeviceMesh", "distribute_tensor", "DTensor", "all_reduce",
     "all_gather", "broadcast", "reduce_scatter", "barrier", "new_group", "Group", "ReduceOp",
+    "shard_optimizer", "ShardingStage1", "ShardingStage2", "ShardingStage3",
 ]
