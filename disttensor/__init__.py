@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 from . import io  # noqa: E402
 from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
 from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402
-                       LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
+                       LazyGuard, LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
                        PrepareLayerOutput, ReduceOp, RowWiseParallel, RowwiseParallel,
                        ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer,
                        SequenceParallel, SequenceParallelBegin, SequenceParallelDisable,

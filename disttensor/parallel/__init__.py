@@ -1,7 +1,7 @@
 """The parallel API users meet first (Paddle names, PyTorch names as aliases):
 
 * data: :func:`shard_dataloader` (see also :mod:`disttensor.io`);
-* creation and local code: :func:`dtensor_from_fn`, :func:`local_map`, :class:`LocalLayer`;
+* creation and local code: :class:`LazyGuard` (``p.initialize()``), :func:`dtensor_from_fn`, :func:`local_map`, :class:`LocalLayer`;
 * plans: :func:`parallelize` with ColWise/RowWise/SequenceParallel* plans, :func:`shard_layer`,
   :func:`set_mesh`/:func:`get_mesh`; PyTorch's :func:`parallelize_module` with
   ColwiseParallel/RowwiseParallel/SequenceParallel;
@@ -20,6 +20,7 @@ from .communication import (Group, ReduceOp, all_gather, all_reduce, barrier, br
                             new_group, reduce_scatter)
 from .creation import dtensor_from_fn
 from .data import ShardDataloader, shard_dataloader
+from .lazy import LazyGuard, initialize
 from .local import LocalLayer, local_map
 from .mesh import DeviceMesh, get_mesh, init_device_mesh, set_mesh
 from .sharding import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
@@ -30,8 +31,9 @@ from .torch_style import (TENSOR_METHODS, ColwiseParallel, DTensor, ParallelStyl
                           RowwiseParallel, SequenceParallel, distribute_tensor,
                           parallelize_module)
 
-# The one place that attaches PyTorch-style methods to Tensor (kept if the runtime has its own).
-for _name, _method in TENSOR_METHODS.items():
+# The one place that attaches PyTorch-style methods (and Paddle's ``initialize`` of a lazy
+# parameter) to Tensor (kept if the runtime has its own).
+for _name, _method in {**TENSOR_METHODS, "initialize": initialize}.items():
     if not hasattr(Tensor, _name):
         setattr(Tensor, _name, _method)
 
@@ -43,5 +45,5 @@ __all__ = [
     "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
     "init_device_mesh", "DeviceMesh", "distribute_tensor", "DTensor", "all_reduce",
     "all_gather", "broadcast", "reduce_scatter", "barrier", "new_group", "Group", "ReduceOp",
-    "shard_optimizer", "ShardingStage1", "ShardingStage2", "ShardingStage3",
+    "LazyGuard", "shard_optimizer", "ShardingStage1", "ShardingStage2", "ShardingStage3",
 ]
