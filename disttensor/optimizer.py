@@ -132,6 +132,15 @@ class Optimizer:
         return acc
 
     # -- state ----------------------------------------------------------------------------------
+    def create_states(self) -> None:
+        """Create every trainable parameter's state tensors now, as its first update would
+        (zeros, laid out by the ``shard_fn`` if any): the targets a checkpoint is loaded into
+        (``dt.load_state_dict({"opt": opt.state_dict()}, path)``) before training resumes."""
+        for p in self._parameter_list:
+            if not p.stop_gradient:
+                for name in self._accumulator_names:
+                    self._acc(name, p)
+
     def state_dict(self) -> dict[str, Any]:
         """``"<param name>_<accumulator>_0"`` -> state tensor (the live tensor), as in Paddle;
         Adam's beta powers (``b**t`` after t steps) are one-element float64 tensors
