@@ -37,6 +37,7 @@ from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Gr
                        SequenceParallel, SequenceParallelBegin, SequenceParallelDisable,
                        SequenceParallelEnable, SequenceParallelEnd, ShardDataloader, all_gather,
                        all_reduce, barrier, broadcast, distribute_tensor, dtensor_from_fn,
+                       fully_shard,
                        get_mesh, init_device_mesh, local_map, new_group, parallelize,
                        parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
                        shard_layer)

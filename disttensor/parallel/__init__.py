@@ -7,7 +7,7 @@
   ColwiseParallel/RowwiseParallel/SequenceParallel;
 * ZeRO: :func:`shard_optimizer` with :class:`ShardingStage1`/``2``/``3`` on the dp mesh dim;
 * PyTorch names: :func:`init_device_mesh`, :class:`DeviceMesh` (``mesh["tp"]``),
-  :func:`distribute_tensor`, :class:`DTensor`, and the Tensor methods ``to_local``,
+  :func:`distribute_tensor`, :class:`DTensor`, :func:`fully_shard` (FSDP: ZeRO-3), and the Tensor methods ``to_local``,
   ``full_tensor``, ``redistribute`` and the property ``device_mesh``;
 * collectives on dense tensors: :func:`all_reduce`, :func:`all_gather`, :func:`broadcast`,
   :func:`reduce_scatter`, :func:`barrier`, :func:`new_group`.
@@ -28,7 +28,7 @@ from .plans import (ColWiseParallel, PlanBase, PrepareLayerInput, PrepareLayerOu
                     RowWiseParallel, SequenceParallelBegin, SequenceParallelDisable,
                     SequenceParallelEnable, SequenceParallelEnd, parallelize, shard_layer)
 from .torch_style import (TENSOR_METHODS, ColwiseParallel, DTensor, ParallelStyle,
-                          RowwiseParallel, SequenceParallel, distribute_tensor,
+                          RowwiseParallel, SequenceParallel, distribute_tensor, fully_shard,
                           parallelize_module)
 
 # The one place that attaches PyTorch-style methods (and Paddle's ``initialize`` of a lazy
@@ -43,7 +43,7 @@ __all__ = [
     "RowWiseParallel", "SequenceParallelBegin", "SequenceParallelEnd", "SequenceParallelEnable",
     "SequenceParallelDisable", "PrepareLayerInput", "PrepareLayerOutput", "parallelize_module",
     "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
-    "init_device_mesh", "DeviceMesh", "distribute_tensor", "DTensor", "all_reduce",
+    "init_device_mesh", "DeviceMesh", "distribute_tensor", "DTensor", "fully_shard", "all_reduce",
     "all_gather", "broadcast", "reduce_scatter", "barrier", "new_group", "Group", "ReduceOp",
     "LazyGuard", "shard_optimizer", "ShardingStage1", "ShardingStage2", "ShardingStage3",
 ]

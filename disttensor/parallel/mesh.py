@@ -73,6 +73,7 @@ class DeviceMesh(ProcessMesh):
     def __init__(self, device_type: str, mesh, *, mesh_dim_names: Sequence[str] | None = None):
         super().__init__(mesh, None if mesh_dim_names is None else list(mesh_dim_names))
         self.device_type = str(device_type)
+        self.parent: DeviceMesh | None = None   # the mesh this one was sliced from
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
@@ -90,8 +91,10 @@ class DeviceMesh(ProcessMesh):
         index = tuple(slice(None) if d in dims else coord[d] for d in range(self.ndim))
         # grid[index] keeps the named dims in mesh order; put them in the order asked for
         sub = np.transpose(grid[index], [sorted(dims).index(d) for d in dims])
-        return DeviceMesh(self.device_type, sub.tolist(),
-                          mesh_dim_names=[self.dim_names[d] for d in dims])
+        out = DeviceMesh(self.device_type, sub.tolist(),
+                         mesh_dim_names=[self.dim_names[d] for d in dims])
+        out.parent = self.parent or self
+        return out
 
     def size(self, mesh_dim: str | int | None = None) -> int:
         """The number of ranks (along ``mesh_dim`` when given)."""
