@@ -10,8 +10,9 @@
   Partial mesh dims, dtype), into flat buffers of at most :func:`set_bucket_bytes` bytes (25 MB
   by default, as DDP) and reduced with one all-reduce per bucket: the op ``grad_bucket_sync``,
   a plan of one instruction (pack, all-reduce, unpack) that goes through the seam like every
-  other op (the gradients it returns are views of disjoint parts of the bucket). The collectives layer is blocking, so the
-  buckets are reduced after the whole backward rather than overlapped with it.
+  other op (the gradients it returns are views of disjoint parts of the bucket). The
+  collectives layer is blocking, so the buckets are reduced after the whole backward rather
+  than overlapped with it.
 """
 from __future__ import annotations
 

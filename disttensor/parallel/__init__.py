@@ -1,14 +1,16 @@
 """The parallel API users meet first (Paddle names, PyTorch names as aliases):
 
 * data: :func:`shard_dataloader` (see also :mod:`disttensor.io`);
-* creation and local code: :class:`LazyGuard` (``p.initialize()``), :func:`dtensor_from_fn`, :func:`local_map`, :class:`LocalLayer`;
+* creation and local code: :class:`LazyGuard` (``p.initialize()``), :func:`dtensor_from_fn`,
+  :func:`local_map`, :class:`LocalLayer`;
 * plans: :func:`parallelize` with ColWise/RowWise/SequenceParallel* plans, :func:`shard_layer`,
   :func:`set_mesh`/:func:`get_mesh`; PyTorch's :func:`parallelize_module` with
   ColwiseParallel/RowwiseParallel/SequenceParallel;
 * ZeRO: :func:`shard_optimizer` with :class:`ShardingStage1`/``2``/``3`` on the dp mesh dim;
 * PyTorch names: :func:`init_device_mesh`, :class:`DeviceMesh` (``mesh["tp"]``),
-  :func:`distribute_tensor`, :class:`DTensor`, :func:`fully_shard` (FSDP: ZeRO-3), and the Tensor methods ``to_local``,
-  ``full_tensor``, ``redistribute`` and the property ``device_mesh``;
+  :func:`distribute_tensor`, :class:`DTensor`, :func:`fully_shard` (FSDP: ZeRO-3), and the
+  Tensor methods ``to_local``, ``full_tensor``, ``redistribute`` and the property
+  ``device_mesh``;
 * collectives on dense tensors: :func:`all_reduce`, :func:`all_gather`, :func:`broadcast`,
   :func:`reduce_scatter`, :func:`barrier`, :func:`new_group`.
 

@@ -383,8 +383,9 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
     dense tensor inputs as ``Shard(0)`` on the "dp" dim (inputs from ``shard_dataloader`` are
     already there), and parameter gradients are then summed over "dp" by the runtime;
     ``dp_config["sharding_level"]`` 1, 2 or 3 applies ZeRO to ``optimizer`` on "dp"
-    (:func:`shard_optimizer` with ``ShardingStage1/2/3``). ``pp_config`` is not supported. ``model`` is changed in place and returned with
-    ``optimizer``, now pointing at the distributed parameters.
+    (:func:`shard_optimizer` with ``ShardingStage1/2/3``). ``pp_config`` is not supported.
+    ``model`` is changed in place and returned with ``optimizer``, now pointing at the
+    distributed parameters.
 
     Bad input (a key matching no sublayer, a plan that does not fit its layer, a mesh without
     the "mp"/"dp" dim a config needs) raises on every rank before any parameter changes.
