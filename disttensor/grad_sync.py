@@ -80,7 +80,12 @@ def to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
 
 
 def set_bucket_bytes(nbytes: int) -> None:
-    """The most bytes one gradient bucket holds (0: no buckets, one all-reduce per gradient)."""
+    """The most bytes one gradient bucket holds (0: no buckets, one all-reduce per gradient).
+
+    Example::
+
+        dt.grad_sync.set_bucket_bytes(4 * 2 ** 20)   # 4 MB buckets
+    """
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
         raise ValueError(f"set_bucket_bytes: nbytes must be an int >= 0, got {nbytes!r}")
     _BUCKET_BYTES[0] = int(nbytes)

@@ -34,7 +34,16 @@ __all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW"]
 
 
 class Optimizer:
-    """Base class: holds the parameters, the learning rate and per-parameter state tensors."""
+    """Base class: holds the parameters, the learning rate and per-parameter state tensors.
+    ``step`` issues no collective of its own: each fused update runs in the layout of its
+    inputs (a ZeRO-sharded state makes it an update of the dp slice plus an all-gather of the
+    parameter).
+
+    Example::
+
+        opt = dt.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+        loss.backward(); opt.step(); opt.clear_grad()
+    """
 
     _accumulator_names: tuple[str, ...] = ()
 
@@ -177,7 +186,12 @@ class Optimizer:
 class SGD(Optimizer):
     """Stochastic gradient descent, with optional (Nesterov) momentum as in Paddle's Momentum:
     ``v = momentum * v + g``; ``param -= lr * v`` (Nesterov: ``param -= lr * (g + momentum * v)``);
-    ``g`` includes the L2 term ``weight_decay * param``."""
+    ``g`` includes the L2 term ``weight_decay * param``.
+
+    Example::
+
+        opt = dt.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    """
 
     def __init__(self, learning_rate: float = 0.001, parameters: Iterable[Tensor] | None = None,
                  weight_decay: float | None = None, momentum: float = 0.0,
@@ -200,7 +214,12 @@ class SGD(Optimizer):
 
 
 class Momentum(SGD):
-    """Paddle's ``Momentum`` optimizer: :class:`SGD` with ``momentum`` (default 0.9)."""
+    """Paddle's ``Momentum`` optimizer: :class:`SGD` with ``momentum`` (default 0.9).
+
+    Example::
+
+        opt = dt.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
+    """
 
     def __init__(self, learning_rate: float = 0.001, momentum: float = 0.9,
                  parameters: Iterable[Tensor] | None = None, use_nesterov: bool = False,
@@ -211,7 +230,12 @@ class Momentum(SGD):
 class Adam(Optimizer):
     """Adam: ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*g*g``,
     ``param -= lr * m_hat / (sqrt(v_hat) + epsilon)`` with bias-corrected ``m_hat``, ``v_hat``;
-    ``g`` includes the L2 term ``weight_decay * param``."""
+    ``g`` includes the L2 term ``weight_decay * param``.
+
+    Example::
+
+        opt = dt.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
+    """
 
     _accumulator_names = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc")
 
@@ -244,7 +268,12 @@ class Adam(Optimizer):
 
 class AdamW(Adam):
     """Adam with decoupled weight decay: ``param *= 1 - lr * weight_decay`` (for parameters
-    that ``apply_decay_param_fun(name)`` accepts, default all), then the Adam update."""
+    that ``apply_decay_param_fun(name)`` accepts, default all), then the Adam update.
+
+    Example::
+
+        opt = dt.optimizer.AdamW(1e-3, parameters=model.parameters(), weight_decay=0.01)
+    """
 
     def __init__(self, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, parameters: Iterable[Tensor] | None = None,

@@ -167,7 +167,14 @@ def fill_placed(lazy: Tensor, placed: Tensor) -> None:
 
 def initialize(self: Tensor) -> Tensor:
     """``param.initialize()``: sample a lazy parameter's whole value in place (the same Tensor
-    object); a materialized or ordinary tensor is left as it is."""
+    object); a materialized or ordinary tensor is left as it is.
+
+    Example::
+
+        with dt.LazyGuard():
+            layer = dt.nn.Linear(8, 8)
+        layer.weight.initialize()   # sampled now, whole
+    """
     if is_lazy(self) and not self.is_dist():
         rec = _LAZY.pop(id(self))
         full = tuple(slice(0, n) for n in rec.shape)

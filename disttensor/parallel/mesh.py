@@ -19,7 +19,13 @@ _global_mesh: ProcessMesh | None = None
 
 
 def set_mesh(mesh: ProcessMesh) -> None:
-    """Make ``mesh`` the global mesh that :func:`parallelize` (and ``get_mesh``) use."""
+    """Make ``mesh`` the global mesh that :func:`parallelize` (and ``get_mesh``) use.
+
+    Example::
+
+        dt.set_mesh(dt.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "mp"]))
+        model, opt = dt.parallelize(model, opt, config=config)   # uses that mesh
+    """
     global _global_mesh
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"set_mesh: mesh must be a ProcessMesh, got {type(mesh).__name__}")
@@ -27,7 +33,12 @@ def set_mesh(mesh: ProcessMesh) -> None:
 
 
 def get_mesh() -> ProcessMesh | None:
-    """The mesh set by :func:`set_mesh` (None before)."""
+    """The mesh set by :func:`set_mesh` (None before).
+
+    Example::
+
+        mesh = dt.get_mesh() or dt.ProcessMesh([0, 1], dim_names=["dp"])
+    """
     return _global_mesh
 
 

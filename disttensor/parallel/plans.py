@@ -233,7 +233,12 @@ class RowWiseParallel(PlanBase):
 
 class SequenceParallelBegin(PlanBase):
     """Marks the last layer before a sequence-parallel region: its output ``[b, s, h]`` becomes
-    ``[s, b, h]`` (``need_transpose``) sharded on the sequence dim over "mp"."""
+    ``[s, b, h]`` (``need_transpose``) sharded on the sequence dim over "mp".
+
+    Example::
+
+        {"embed": dt.SequenceParallelBegin(), "head": dt.SequenceParallelEnd()}
+    """
 
     def __init__(self, need_transpose: bool = True):
         self.need_transpose = bool(need_transpose)
@@ -245,7 +250,12 @@ class SequenceParallelBegin(PlanBase):
 
 class SequenceParallelEnd(PlanBase):
     """Marks the first layer after a sequence-parallel region: its input is gathered on "mp"
-    and turned back from ``[s, b, h]`` to ``[b, s, h]`` (``need_transpose``)."""
+    and turned back from ``[s, b, h]`` to ``[b, s, h]`` (``need_transpose``).
+
+    Example::
+
+        {"embed": dt.SequenceParallelBegin(), "head": dt.SequenceParallelEnd()}
+    """
 
     def __init__(self, need_transpose: bool = True):
         self.need_transpose = bool(need_transpose)
@@ -257,7 +267,12 @@ class SequenceParallelEnd(PlanBase):
 
 class SequenceParallelEnable(PlanBase):
     """Sequence parallelism for one layer: its ``[b, s, h]`` input is split on the sequence
-    dim (as ``[s, b, h]``) and its output gathered back."""
+    dim (as ``[s, b, h]``) and its output gathered back.
+
+    Example::
+
+        {"layers.*.norm": dt.SequenceParallelEnable()}
+    """
 
     def apply(self, layer, mesh, params, placer):
         layer.register_forward_pre_hook(lambda _l, inputs: _split_sequence(inputs, mesh, True))
@@ -267,7 +282,12 @@ class SequenceParallelEnable(PlanBase):
 class SequenceParallelDisable(PlanBase):
     """A layer inside a sequence-parallel region that needs the whole sequence: its input is
     gathered (and transposed back to ``[b, s, h]`` when ``need_transpose``) and its output split
-    again."""
+    again.
+
+    Example::
+
+        {"layers.*.attn": dt.SequenceParallelDisable()}
+    """
 
     def __init__(self, need_transpose: bool = True):
         self.need_transpose = bool(need_transpose)
@@ -281,7 +301,15 @@ class SequenceParallelDisable(PlanBase):
 
 class PrepareLayerInput(PlanBase):
     """``fn(process_mesh=mesh)`` returns a forward pre-hook ``hook(layer, inputs)`` for the
-    layer."""
+    layer.
+
+    Example::
+
+        def to_replicate(process_mesh):
+            return lambda layer, inputs: tuple(
+                dt.reshard(x, process_mesh, [dt.Replicate()] * process_mesh.ndim) for x in inputs)
+        {"fc1": dt.PrepareLayerInput(to_replicate)}
+    """
 
     def __init__(self, fn: Callable[..., Callable]):
         if not callable(fn):
@@ -294,7 +322,15 @@ class PrepareLayerInput(PlanBase):
 
 class PrepareLayerOutput(PlanBase):
     """``fn(process_mesh=mesh)`` returns a forward post-hook ``hook(layer, inputs, output)``
-    for the layer."""
+    for the layer.
+
+    Example::
+
+        def to_replicate(process_mesh):
+            return lambda layer, inputs, out: dt.reshard(
+                out, process_mesh, [dt.Replicate()] * process_mesh.ndim)
+        {"fc2": dt.PrepareLayerOutput(to_replicate)}
+    """
 
     def __init__(self, fn: Callable[..., Callable]):
         if not callable(fn):

@@ -133,7 +133,12 @@ class ShardingStage1(_ShardingStage):
 
 class ShardingStage2(ShardingStage1):
     """ZeRO stage 2: states and gradients sharded over ``sharding_mesh_dim`` (gradients are
-    reduce-scattered in backward instead of all-reduced)."""
+    reduce-scattered in backward instead of all-reduced).
+
+    Example::
+
+        opt = dt.shard_optimizer(opt, dt.ShardingStage2("dp", mesh))
+    """
 
     stage = 2
 
@@ -145,7 +150,12 @@ class ShardingStage2(ShardingStage1):
 
 class ShardingStage3(ShardingStage1):
     """ZeRO stage 3: states, gradients and parameters sharded over ``sharding_mesh_dim``; an op
-    gathers a parameter over dp where its rule needs it whole, in forward and backward."""
+    gathers a parameter over dp where its rule needs it whole, in forward and backward.
+
+    Example::
+
+        opt = dt.shard_optimizer(opt, dt.ShardingStage3("dp", mesh))
+    """
 
     stage = 3
 

@@ -90,7 +90,13 @@ class _DTensorMeta(type):
 
 class DTensor(metaclass=_DTensorMeta):
     """PyTorch's ``DTensor`` name: ``isinstance(x, DTensor)`` is true for distributed
-    tensors, and :meth:`from_local` builds one from per-rank pieces."""
+    tensors, and :meth:`from_local` builds one from per-rank pieces.
+
+    Example::
+
+        x = dt.DTensor.from_local(np.ones((2, 3)), mesh, [dt.Shard(0)])
+        assert isinstance(x, dt.DTensor)
+    """
 
     @staticmethod
     def from_local(local_tensor: Any, device_mesh: ProcessMesh | None = None,
@@ -122,13 +128,23 @@ def _require_dist(fn: str, t: Tensor) -> None:
 
 
 def to_local(self: Tensor) -> Tensor:
-    """This rank's piece as a dense tensor sharing the buffer (differentiable)."""
+    """This rank's piece as a dense tensor sharing the buffer (differentiable).
+
+    Example::
+
+        piece = x.to_local()            # this rank's rows
+    """
     _require_dist("to_local", self)
     return dtensor_to_local(self)
 
 
 def full_tensor(self: Tensor) -> Tensor:
-    """The global value as a dense tensor on every member (an all-gather; differentiable)."""
+    """The global value as a dense tensor on every member (an all-gather; differentiable).
+
+    Example::
+
+        whole = x.full_tensor()          # all-gathered, dense
+    """
     _require_dist("full_tensor", self)
     return unshard_dtensor(self)
 
@@ -136,7 +152,12 @@ def full_tensor(self: Tensor) -> Tensor:
 def redistribute(self: Tensor, device_mesh: ProcessMesh | None = None,
                  placements: Sequence[Placement] | None = None, *,
                  async_op: bool = False) -> Tensor:
-    """``reshard`` to ``placements`` on ``device_mesh`` (each defaults to the current one)."""
+    """``reshard`` to ``placements`` on ``device_mesh`` (each defaults to the current one).
+
+    Example::
+
+        y = x.redistribute(placements=[dt.Replicate()])
+    """
     _require_dist("redistribute", self)
     mesh = self.process_mesh if device_mesh is None else device_mesh
     pl = self.placements if placements is None else \
@@ -230,7 +251,12 @@ class ColwiseParallel(ParallelStyle):
     (weight ``Shard(1)`` in disttensor's ``[in, out]`` layout, bias ``Shard(0)``), an
     Embedding's embedding dim (``Shard(1)``). Input: given as ``input_layouts`` (default
     Replicate), used replicated; output: ``output_layouts`` (default ``Shard(-1)``), a local
-    tensor when ``use_local_output`` (default)."""
+    tensor when ``use_local_output`` (default).
+
+    Example::
+
+        dt.parallelize_module(mlp, mesh["tp"], {"fc1": dt.ColwiseParallel()})
+    """
 
     def __init__(self, *, input_layouts: Placement | None = None,
                  output_layouts: Placement | None = None, use_local_output: bool = True):
@@ -251,7 +277,12 @@ class RowwiseParallel(ParallelStyle):
     ``Shard(0)`` in the ``[in, out]`` layout, bias replicated), an Embedding's vocabulary
     (``Shard(0)``). Input: given as ``input_layouts`` (default ``Shard(-1)``; an Embedding's
     ids are used replicated); output: ``output_layouts`` (default Replicate: the all-reduce of
-    the partial sums), a local tensor when ``use_local_output`` (default)."""
+    the partial sums), a local tensor when ``use_local_output`` (default).
+
+    Example::
+
+        dt.parallelize_module(mlp, mesh["tp"], {"fc2": dt.RowwiseParallel()})
+    """
 
     def __init__(self, *, input_layouts: Placement | None = None,
                  output_layouts: Placement | None = None, use_local_output: bool = True):
@@ -271,7 +302,12 @@ class RowwiseParallel(ParallelStyle):
 class SequenceParallel(ParallelStyle):
     """Sequence parallelism (PyTorch's ``SequenceParallel``) for modules that act on each
     position alone (norms, dropout): parameters replicated, input and output sharded on
-    ``sequence_dim``; the output stays distributed unless ``use_local_output``."""
+    ``sequence_dim``; the output stays distributed unless ``use_local_output``.
+
+    Example::
+
+        dt.parallelize_module(block, mesh["tp"], {"norm": dt.SequenceParallel()})
+    """
 
     def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = False):
         super().__init__(Shard(sequence_dim), Shard(sequence_dim), use_local_output)
