@@ -58,3 +58,14 @@ def test_gpt_is_placed_by_the_plan(comm):
     for lin in (blk.attn.proj, blk.fc2):
         assert lin.weight.placements == row
         assert lin.bias.placements == [dt.Replicate(), dt.Replicate()]
+
+
+@pytest.mark.parametrize("extra", [["--sharding", "3"], ["--sharding", "2", "--to-static"]])
+def test_zero_and_captured_zero_equal_dense(extra, comm):
+    """Both models under ZeRO stage 3, and stage 2 captured by to_static, give the dense
+    loss curve."""
+    common = ["--steps", "4", "--log-interval", "1000"]
+    dense = train.main(common + ["--dense"])
+    dist = train.main(common + extra)
+    for model in ("mlp", "gpt"):
+        np.testing.assert_allclose(dist[model], dense[model], rtol=1e-4)
