@@ -12,11 +12,14 @@ the rank holding the most:
 * ``paper``: the ZeRO paper's accounting for Ψ parameters on N ranks — parameters 4Ψ, gradients
   4Ψ, moments 8Ψ; stage 0: 16Ψ, stage 1: 8Ψ + 8Ψ/N, stage 2: 4Ψ + 12Ψ/N, stage 3: 16Ψ/N —
   with Ψ/N taken per tensor as its largest piece (uneven splits rounded up);
-* ``ratio_to_paper`` (target within 1 ± 0.05) and ``step_ms`` (median, slowest rank) with
-  ``step_ratio_to_stage0``.
+* ``ratio_to_paper`` per kind and ``total_ratio_to_paper`` (target within 1 ± 0.05) and ``step_ms`` (median, slowest rank; the four
+  stages' steps interleaved) with ``step_ratio_to_stage0``. Ranks outside a smaller mesh wait
+  in a barrier, which on an oversubscribed machine takes CPU from the ones working.
 
-``grad_sync``: the stage-0 step with 25 MB gradient buckets against one all-reduce per
-parameter (``grad_sync.set_bucket_bytes(0)``), with the all-reduces each backward issues.
+``grad_sync``: backward (where the sync runs) and whole-step times, medians, of one
+data-parallel model on every rank with 25 MB gradient buckets against one all-reduce per
+parameter (``grad_sync.set_bucket_bytes(0)``), alternating step by step so the machine's noise
+hits both alike, and the all-reduces each backward issues.
 Rank 0 prints JSON.
 """
 from __future__ import annotations
@@ -77,44 +80,93 @@ def _paper(model, mesh, stage: int) -> dict:
             "states": 8 * (psi_n if stage >= 1 else psi)}
 
 
-def _run(world, n: int, stage: int, args, bucket_bytes: int = 25 * 2 ** 20) -> dict:
-    grad_sync.set_bucket_bytes(bucket_bytes)
+def _stages(world, n: int, args) -> dict:
+    """Stages 0-3 on a "dp" mesh of the first ``n`` ranks: one model and optimizer each, their
+    steps interleaved round-robin (the machine's noise hits every stage alike)."""
+    mesh = dt.ProcessMesh(list(range(n)), dim_names=["dp"])
+    rng = np.random.default_rng(1)
+    x, y = (dt.shard_tensor(rng.standard_normal((args.batch, args.width)).astype(np.float32),
+                            mesh, [Shard(0)]) for _ in range(2))
+    runs = []
+    for stage in range(4):
+        dt.seed(0)
+        model = MLP(args.width)
+        dt.shard_layer(model, mesh)
+        opt = dt.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+        if stage:
+            opt = dt.shard_optimizer(opt, STAGES[stage]("dp", mesh))
+        runs.append({"model": model, "opt": opt, "times": [], "held": None})
+    for rep in range(args.reps + 1):
+        for r in runs:
+            world.barrier()
+            t0 = time.perf_counter()
+            loss = F.mse_loss(r["model"](x), y)
+            loss.backward()
+            if r["held"] is None:
+                r["held"] = [sum(_local_bytes(p) for p in r["model"].parameters()),
+                             sum(_local_bytes(p.grad) for p in r["model"].parameters())]
+            r["opt"].step()
+            r["opt"].clear_grad(set_to_zero=False)
+            elapsed = np.array([time.perf_counter() - t0])
+            if rep:  # the first step creates the optimizer states
+                r["times"].append(float(world.all_reduce(elapsed, "max")[0]))
+    out = {}
+    for stage, r in enumerate(runs):
+        held = r["held"] + [sum(_local_bytes(t) for t in r["opt"].state_dict().values())]
+        held = world.all_reduce(np.array(held, dtype=np.int64), "max").tolist()
+        paper = _paper(r["model"], mesh, stage)
+        out[f"stage{stage}"] = {
+            "bytes": dict(zip(("params", "grads", "states"), held)), "paper": paper,
+            "ratio_to_paper": {k: round(held[i] / paper[k], 4) for i, k in enumerate(paper)},
+            "total_ratio_to_paper": round(sum(held) / sum(paper.values()), 4),
+            "step_ms": 1e3 * statistics.median(r["times"])}
+    base = out["stage0"]["step_ms"]
+    for r in out.values():
+        r["step_ratio_to_stage0"] = round(r["step_ms"] / base, 3)
+    return out
+
+
+def _sync(world, args, steps: int = 30) -> dict:
+    """Backward (where the sync runs) and whole-step times of one data-parallel model on all
+    ranks, alternating 25 MB buckets and one all-reduce per parameter step by step."""
+    n = world.size
     mesh = dt.ProcessMesh(list(range(n)), dim_names=["dp"])
     dt.seed(0)
     model = MLP(args.width)
     dt.shard_layer(model, mesh)
     opt = dt.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
-    if stage:
-        opt = dt.shard_optimizer(opt, STAGES[stage]("dp", mesh))
-    rng = np.random.default_rng(1)
-    x = dt.shard_tensor(rng.standard_normal((args.batch, args.width)).astype(np.float32),
-                        mesh, [Shard(0)])
-    y = dt.shard_tensor(rng.standard_normal((args.batch, args.width)).astype(np.float32),
-                        mesh, [Shard(0)])
-    times, held, reduces = [], None, 0
-    for rep in range(args.reps + 1):
+    x = dt.shard_tensor(np.random.default_rng(1).standard_normal(
+        (args.batch, args.width)).astype(np.float32), mesh, [Shard(0)])
+    times: dict = {"bucketed": ([], []), "per_parameter": ([], [])}
+    counts = {}
+    for step in range(steps + 2):
+        kind = "bucketed" if step % 2 else "per_parameter"
+        grad_sync.set_bucket_bytes(25 * 2 ** 20 if kind == "bucketed" else 0)
         world.barrier()
         t0 = time.perf_counter()
-        loss = F.mse_loss(model(x), y)
+        loss = F.mse_loss(model(x), x)
+        t1 = time.perf_counter()
         before = collectives.collective_counts()["all_reduce"]
         loss.backward()
-        reduces = collectives.collective_counts()["all_reduce"] - before
-        if held is None:
-            held = [sum(_local_bytes(p) for p in model.parameters()),
-                    sum(_local_bytes(p.grad) for p in model.parameters())]
+        t2 = time.perf_counter()
+        counts[kind] = collectives.collective_counts()["all_reduce"] - before
         opt.step()
         opt.clear_grad(set_to_zero=False)
-        elapsed = np.array([time.perf_counter() - t0])
-        if rep:  # the first step creates the optimizer states
-            times.append(float(world.all_reduce(elapsed, "max")[0]))
-    held.append(sum(_local_bytes(t) for t in opt.state_dict().values()))
-    held = world.all_reduce(np.array(held, dtype=np.int64), "max").tolist()
-    out = {"bytes": dict(zip(("params", "grads", "states"), held)),
-           "step_ms": 1e3 * statistics.median(times), "all_reduces_in_backward": reduces}
-    paper = _paper(model, mesh, stage)
-    out["paper"] = paper
-    out["ratio_to_paper"] = {k: round(out["bytes"][k] / paper[k], 4) for k in paper}
-    out["total_ratio_to_paper"] = round(sum(held) / sum(paper.values()), 4)
+        t3 = time.perf_counter()
+        spans = world.all_reduce(np.array([t2 - t1, t3 - t0]), "max")
+        if step >= 2:  # the first two create states and plans
+            times[kind][0].append(float(spans[0]))
+            times[kind][1].append(float(spans[1]))
+    grad_sync.set_bucket_bytes(25 * 2 ** 20)
+    out = {"dp": n, "bucket_mb": 25}
+    for kind, (bwd, whole) in times.items():
+        out[kind] = {"backward_ms": 1e3 * statistics.median(bwd),
+                     "step_ms": 1e3 * statistics.median(whole),
+                     "all_reduces_in_backward": counts[kind]}
+    out["backward_ratio_bucketed_to_per_parameter"] = round(
+        out["bucketed"]["backward_ms"] / out["per_parameter"]["backward_ms"], 3)
+    out["step_ratio_bucketed_to_per_parameter"] = round(
+        out["bucketed"]["step_ms"] / out["per_parameter"]["step_ms"], 3)
     return out
 
 
@@ -122,32 +174,15 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args(argv)
     world = collectives.init()
     result: dict = {"world": world.size, "width": args.width, "batch": args.batch,
                     "zero": {}, "grad_sync": {}}
-    _run(world, 1, 0, args)  # warm-up: caches and allocator, not measured
     for n in (1, 2, 4):
-        if n > world.size:
-            continue
-        per = {}
-        for stage in range(4):
-            per[f"stage{stage}"] = _run(world, n, stage, args)
-        base = per["stage0"]["step_ms"]
-        for r in per.values():
-            r["step_ratio_to_stage0"] = round(r["step_ms"] / base, 3)
-        result["zero"][f"dp{n}"] = per
-    n = world.size
-    bucketed = _run(world, n, 0, args)
-    unbucketed = _run(world, n, 0, args, bucket_bytes=0)
-    result["grad_sync"] = {
-        "dp": n, "bucket_mb": 25,
-        "bucketed": {k: bucketed[k] for k in ("step_ms", "all_reduces_in_backward")},
-        "per_parameter": {k: unbucketed[k] for k in ("step_ms", "all_reduces_in_backward")},
-        "step_ratio_bucketed_to_per_parameter": round(bucketed["step_ms"]
-                                                      / unbucketed["step_ms"], 3)}
-    grad_sync.set_bucket_bytes(25 * 2 ** 20)
+        if n <= world.size:
+            result["zero"][f"dp{n}"] = _stages(world, n, args)
+    result["grad_sync"] = _sync(world, args)
     if world.rank == 0:
         print(json.dumps(result, indent=1))
     return result
