@@ -25,7 +25,7 @@ changed in place and returned.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 

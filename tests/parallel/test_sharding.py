@@ -131,6 +131,9 @@ def test_stage2_reduce_scatters_gradients(comm):
     counts = collectives.collective_counts()
     assert counts["reduce_scatter"] == 4, counts
     assert counts["all_reduce"] == 0, counts
+    collectives.reset_collective_counts()
+    opt.step()                                       # one all-gather of each updated slice
+    assert collectives.collective_counts()["all_gather"] == 4
 
 
 def test_dense_parameters_replicated_on_the_stage_mesh(comm):
