@@ -141,19 +141,25 @@ def gpt_data(rng, n: int, seq: int, vocab: int):
 
 # -- training ---------------------------------------------------------------------------------
 
+#: model sizes: MLP (din, hidden, classes), GPT (vocab, seq, d, heads, layers)
+SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
+         "large": {"mlp": (256, 1024, 64), "gpt": (256, 32, 128, 4, 2)}}
+
+
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
-          dtype: str = "float32", sharding: int = 0):
-    """(model, optimizer, batches): the model placed on ``mesh`` (dense without one), AdamW
-    (ZeRO stage ``sharding`` on the dp mesh dim when > 0), and the four global (x, y) batches
-    the steps cycle through."""
+          dtype: str = "float32", size: str = "default", sharding: int = 0):
+    """(model, optimizer, batches): the model of ``SIZES[size]`` placed on ``mesh`` (dense
+    without one), AdamW (ZeRO stage ``sharding`` on the dp mesh dim when > 0), and the four
+    global (x, y) batches the steps cycle through."""
     dt.seed(seed)
     rng = np.random.default_rng(seed)
+    dims = SIZES[size][model_name]
     if model_name == "mlp":
-        model, lr = MLP(16, 32, 8), 1e-2
-        x_all, y_all = mlp_data(rng, batch * 4, 16, 8)
+        model, lr = MLP(*dims), 1e-2
+        x_all, y_all = mlp_data(rng, batch * 4, dims[0], dims[2])
     else:
-        model, lr = GPT(64, 16, 32, 4, 2), 3e-3
-        x_all, y_all = gpt_data(rng, batch * 4, 16, 64)
+        model, lr = GPT(*dims), 3e-3
+        x_all, y_all = gpt_data(rng, batch * 4, dims[1], dims[0])
     if dtype != "float32":
         model.to(dtype=dtype)
         if model_name == "mlp":
@@ -216,7 +222,7 @@ def resume(path: str, model: nn.Layer, opt) -> int:
 
 def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype,
-                                args.sharding)
+                                sharding=args.sharding)
     first = 1
     if args.resume:
         first = resume(os.path.join(args.resume, model_name), model, opt) + 1
