@@ -314,17 +314,12 @@ def _wrap(prog: Program, vid: int, arr) -> Tensor:
 def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
     tensors, _, _, _ = _flatten_args(args, kwargs)
     fwd, bwd = prog.split()
-    regs: dict[int, Any] = {}
-    for vid, t in zip(prog.data, tensors):
-        regs[prog.values[vid].reg] = t._local_array()
-    for vid, t in prog.externals:
-        regs[prog.values[vid].reg] = t._local_array()
+    regs: dict[int, Any] = {reg: t._local_array() for reg, t in zip(prog.data_regs, tensors)}
+    regs.update((reg, t._local_array()) for reg, t in prog.external_regs)
     for sub in (fwd, bwd):
         regs.update(zip(sub.out_regs, sub.fn(regs)))
-    for vid, t in prog.externals:
-        n = prog.external_writes.get(vid)
-        if n:
-            t._local_dense().holder.version += n
+    for t, n in prog.version_bumps:
+        t._local_dense().holder.version += n
 
     def get(ref):
         kind = ref[0] if isinstance(ref, tuple) else "vid"

@@ -25,7 +25,7 @@ contexts bound, collectives with their groups and sizes resolved).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
 import numpy as np
@@ -190,6 +190,22 @@ class Program:
             for sub in (self.forward, self.backward):
                 _codegen(self, sub)
         return self.forward, self.backward
+
+    @cached_property
+    def data_regs(self) -> list[int]:
+        """The registers of the step's arguments, in order (computed once, after capture)."""
+        return [self.values[v].reg for v in self.data]
+
+    @cached_property
+    def external_regs(self) -> list[tuple[int, Any]]:
+        """(register, tensor) of every tensor the program reads by reference."""
+        return [(self.values[v].reg, t) for v, t in self.externals]
+
+    @cached_property
+    def version_bumps(self) -> list[tuple[Any, int]]:
+        """(tensor, writes) of every tensor the program writes in place."""
+        return [(t, self.external_writes[v]) for v, t in self.externals
+                if self.external_writes.get(v)]
 
     def escaping(self) -> set[int]:
         """Value ids the step hands back: its results and the gradients it leaves on tensors."""
@@ -402,6 +418,10 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
         outs = instr.outs
         if len(outs) == 1 and plan.op.n_out == -1 and len(specs) > 1 and instr.kind == "kernel":
             outs = tuple(spec.slot for spec in specs)  # a dense split's outputs
+        if instr.kind == "kernel" and len(outs) == len(specs):
+            for s, spec in zip(outs, specs):  # what a kernel returns for an input it mutates
+                if spec.is_input is not None and s not in slot_reg:  # is that input's array
+                    slot_reg[s] = slot_reg[spec.is_input]
         for s in outs:
             if s not in slot_reg:
                 slot_reg[s] = b.new_reg()
@@ -541,7 +561,6 @@ def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) 
     arg_regs = list(dict.fromkeys(prog.values[v].reg for v in arg_vids))
     out_vids = [v for section in sub.outputs.values() for v in section]
     out_regs = [prog.values[v].reg for v in out_vids]
-    keep = set(out_regs) | set(arg_regs)
     last: dict[int, int] = {}
     steps = [s for op in sub.ops for s in op.steps]
     for k, s in enumerate(steps):
@@ -554,6 +573,7 @@ def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) 
     # the function takes the registers in a dict and pops the middles, so that its ``del``
     # frees them (the caller keeps no reference)
     popped = {prog.values[v].reg for v in sub.inputs.get("middles", ())}
+    keep = set(out_regs) | (set(arg_regs) - popped)
     lines = [f"def {sub.name}(R):"]
     lines.extend(f"    r{r} = R.{'pop' if r in popped else '__getitem__'}({r})" for r in arg_regs)
     for k, s in enumerate(steps):
