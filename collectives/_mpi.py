@@ -107,13 +107,24 @@ def _reduce_setup(dtype, op):
 
 
 class MPIGroup(ProcessGroup):
-    """A group backed by an MPI communicator (a private duplicate, never COMM_WORLD itself)."""
+    """A group backed by an MPI communicator (a private duplicate, never COMM_WORLD itself).
+
+    Each collective kind, and each reduce op of all_reduce / reduce_scatter, runs on its own
+    duplicate of ``comm`` (``comm`` itself carries send/recv and the debug check): ranks that
+    call mismatched collectives (sum on one rank, max on another) then block, and the watchdog
+    reports them, instead of MPI matching the calls and returning wrong values."""
 
     backend_name = "mpi"
 
     def __init__(self, comm: "MPI.Comm", ranks):
         super().__init__(ranks, comm.Get_rank())
         self.comm = comm
+        self._reduce_comm = {op: comm.Dup() for op in C.REDUCE_OPS}
+        self._rs_comm = {op: comm.Dup() for op in C.REDUCE_OPS}
+        self._gather_comm = comm.Dup()
+        self._a2a_comm = comm.Dup()
+        self._bcast_comm = comm.Dup()
+        self._barrier_comm = comm.Dup()
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
 
     # ---------------------------------------------------------------------------------- util
@@ -123,7 +134,7 @@ class MPIGroup(ProcessGroup):
     def _exchange_ints(self, value: int) -> list[int]:
         a = np.array([value], dtype=np.int64)
         b = np.empty(self.size, dtype=np.int64)
-        self.comm.Allgather([a, MPI.INT64_T], [b, MPI.INT64_T])
+        self._gather_comm.Allgather([a, MPI.INT64_T], [b, MPI.INT64_T])
         return [int(v) for v in b]
 
     def _gpu_impl(self, collective: bool = True):
@@ -152,12 +163,13 @@ class MPIGroup(ProcessGroup):
             recv = np.empty(src.shape, dtype=work)
         T = mpi_type(work)
         n = src.size
+        comm = self._reduce_comm[op]
         if _too_big(n):
             sf, rf = src.reshape(-1), recv.reshape(-1)
             for a, b in _chunks(n):
-                self.comm.Allreduce([sf[a:b], T], [rf[a:b], T], op=mop)
+                comm.Allreduce([sf[a:b], T], [rf[a:b], T], op=mop)
         else:
-            self.comm.Allreduce([src, T], [recv, T], op=mop)
+            comm.Allreduce([src, T], [recv, T], op=mop)
         if op == "avg":
             recv /= self.size
         if recv.dtype != x.dtype:
@@ -191,11 +203,11 @@ class MPIGroup(ProcessGroup):
                 if k == self.rank:
                     region[...] = xf.reshape(-1)
                 for a, b in _chunks(counts[k]):
-                    self.comm.Bcast([region[a:b], T], root=k)
+                    self._gather_comm.Bcast([region[a:b], T], root=k)
         elif all(c == counts[0] for c in counts):  # sizes are known alike on every rank
-            self.comm.Allgather([xf, counts[0], T], [buf, counts[0], T])
+            self._gather_comm.Allgather([xf, counts[0], T], [buf, counts[0], T])
         else:
-            self.comm.Allgatherv([xf, counts[self.rank], T], [buf, counts, displs, T])
+            self._gather_comm.Allgatherv([xf, counts[self.rank], T], [buf, counts, displs, T])
         return _back(buf, axis, out)
 
     def _all_gather_interleaved(self, x, axis, sizes, out, outer, inner):
@@ -231,16 +243,17 @@ class MPIGroup(ProcessGroup):
         displs = C.offsets(counts)
         recv = np.empty((sizes[self.rank],) + rest, dtype=work)
         T = mpi_type(work)
+        comm = self._rs_comm[op]
         if _too_big(sum(counts)):
             sf, rf = xf.reshape(-1), recv.reshape(-1)
             for i in range(self.size):
                 for a, b in _chunks(counts[i]):
                     piece = sf[displs[i] + a:displs[i] + b]
-                    self.comm.Reduce([piece, T], [rf[a:b], T] if i == self.rank else None, op=mop, root=i)
+                    comm.Reduce([piece, T], [rf[a:b], T] if i == self.rank else None, op=mop, root=i)
         elif all(c == counts[0] for c in counts):
-            self.comm.Reduce_scatter_block([xf, T], [recv, T], op=mop)
+            comm.Reduce_scatter_block([xf, T], [recv, T], op=mop)
         else:
-            self.comm.Reduce_scatter([xf, T], [recv, T], recvcounts=counts, op=mop)
+            comm.Reduce_scatter([xf, T], [recv, T], recvcounts=counts, op=mop)
         if op == "avg":
             recv /= self.size
         if recv.dtype != x.dtype:
@@ -273,7 +286,7 @@ class MPIGroup(ProcessGroup):
         if rsizes is None:
             a = np.array(send_c, dtype=np.int64)
             b = np.empty(size, dtype=np.int64)
-            self.comm.Alltoall([a, MPI.INT64_T], [b, MPI.INT64_T])
+            self._a2a_comm.Alltoall([a, MPI.INT64_T], [b, MPI.INT64_T])
             rsizes = [int(v) for v in b]
         recv_shapes = [piece_shape(ssizes[me] if s != c else rsizes[j], rsizes[j]) for j in range(size)]
         send_shapes = [piece_shape(ssizes[j], send_c[j]) for j in range(size)]
@@ -284,7 +297,7 @@ class MPIGroup(ProcessGroup):
         if not NATIVE_LARGE_COUNT:
             # every rank must pick the same algorithm, and only this rank sees its own counts
             mine = max(sum(scounts), sum(rcounts)) > MAX_COUNT
-            large = bool(self.comm.allreduce(int(mine), op=MPI.MAX))
+            large = bool(self._a2a_comm.allreduce(int(mine), op=MPI.MAX))
         T = mpi_type(x.dtype)
         soff = C.offsets(ssizes)
         result_shape = self._a2a_result_shape(shape, s, c, ssizes, rsizes)
@@ -316,16 +329,16 @@ class MPIGroup(ProcessGroup):
             for k in range(1, size):
                 dst, src = (me + k) % size, (me - k) % size
                 reqs = [
-                    self.comm.Irecv([rf[rdispls[src] + a:rdispls[src] + b], T], source=src, tag=7)
+                    self._a2a_comm.Irecv([rf[rdispls[src] + a:rdispls[src] + b], T], source=src, tag=7)
                     for a, b in _chunks(rcounts[src])
                 ]
                 reqs += [
-                    self.comm.Isend([sf[sdispls[dst] + a:sdispls[dst] + b], T], dest=dst, tag=7)
+                    self._a2a_comm.Isend([sf[sdispls[dst] + a:sdispls[dst] + b], T], dest=dst, tag=7)
                     for a, b in _chunks(scounts[dst])
                 ]
                 MPI.Request.Waitall(reqs)
         else:
-            self.comm.Alltoallv([sendbuf, scounts, sdispls, T], [recvbuf, rcounts, rdispls, T])
+            self._a2a_comm.Alltoallv([sendbuf, scounts, sdispls, T], [recvbuf, rcounts, rdispls, T])
 
         if own_layout:
             res = out if out is not None else np.empty(result_shape, dtype=x.dtype)
@@ -355,9 +368,9 @@ class MPIGroup(ProcessGroup):
         if _too_big(buf.size):
             bf = buf.reshape(-1)
             for a, b in _chunks(buf.size):
-                self.comm.Bcast([bf[a:b], T], root=src)
+                self._bcast_comm.Bcast([bf[a:b], T], root=src)
         else:
-            self.comm.Bcast([buf, T], root=src)
+            self._bcast_comm.Bcast([buf, T], root=src)
         return buf
 
     def _send(self, x, dst, tag):
@@ -380,4 +393,4 @@ class MPIGroup(ProcessGroup):
         return buf
 
     def _barrier(self):
-        self.comm.Barrier()
+        self._barrier_comm.Barrier()
