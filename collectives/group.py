@@ -218,6 +218,18 @@ class ProcessGroup:
             return data
         return self._recv(shape, dtype, src, int(tag), want_cupy, out)
 
+    def exchange_metadata(self, obj: Any) -> list:
+        """Every rank's picklable ``obj``, in group-rank order: the runtime's metadata checks.
+        Watched like any collective, but not counted in ``collective_counts()`` (like the size
+        exchanges inside all_gather)."""
+        index = self._call_index
+        self._call_index = index + 1
+        Watch.now = (self, "exchange_metadata", (), index, _monotonic(), _getframe(1))
+        try:
+            return self._allgather_obj(obj)
+        finally:
+            Watch.now = None
+
     def barrier(self) -> None:
         self._begin("barrier", ())
         try:

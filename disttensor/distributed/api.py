@@ -32,6 +32,7 @@ from ..plan import Instr, OutSpec, Plan
 from ..schema import OPS, public, register
 from ..tape import _GradMode, set_grad_enabled
 from ..tensor import Tensor, array_module
+from .agreement import broadcast_from, check_from_local, check_reshard, check_shard_tensor
 from .dist_tensor import DistTensor, canonical, canonical_mesh, empty_piece
 from .mesh_groups import check_mesh, coord_of, group_over
 from .planner import reshard_instrs
@@ -149,7 +150,7 @@ def reshard(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Te
     """``x`` laid out as ``placements`` on ``mesh`` (a new tensor; collectives as planned).
     Resharding to Partial is refused, as in user code a Partial layout only comes from ops."""
     attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, allow_partial=False)
-    _dist_value("reshard", x)
+    check_reshard(_dist_value("reshard", x), mesh, attr)
     return reshard_to(x, mesh, attr)
 
 
@@ -186,12 +187,19 @@ def _shard_plan(src: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
 
 @public()
 def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], dtype: Any = None,
-                 place: str | None = None, stop_gradient: bool | None = None) -> Tensor:
-    """A distributed tensor from data that every rank holds (this rank keeps its slice, no
-    communication). A leaf that needs grad (a parameter) stays a leaf; a non-leaf stays
-    differentiable."""
+                 place: str | None = None, stop_gradient: bool | None = None,
+                 src_rank: int | None = None) -> Tensor:
+    """A distributed tensor from data that every rank holds (this rank keeps its slice). A
+    leaf that needs grad (a parameter) stays a leaf; a non-leaf stays differentiable.
+
+    The mesh's ranks agree on (global shape, dtype, mesh, placements) with one small
+    collective the first time they meet them. ``src_rank=k`` takes the data from rank ``k``
+    (an array there; ignored, and may be None, elsewhere)."""
     if isinstance(data, Tensor) and data.is_dist():
         raise ValueError("shard_tensor: data is already distributed; use reshard")
+    if src_rank is not None:
+        data = broadcast_from(data.numpy() if isinstance(data, Tensor) else data, int(src_rank),
+                              mesh, "shard_tensor")
     src = data if isinstance(data, Tensor) else None
     if src is None:
         src = to_tensor(data, dtype=dtype, place=place)
@@ -199,6 +207,7 @@ def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], 
         src = cast(src, dtype)
     attr = _check_placements("shard_tensor", mesh, placements, src.ndim, src.shape,
                              allow_partial=False)
+    check_shard_tensor(mesh, attr, src._value.array)
     sg = src.stop_gradient if stop_gradient is None else bool(stop_gradient)
     differentiable = src._node is not None and not src.stop_gradient and _GradMode.enabled
     out = run(_shard_plan(src, mesh, attr), (src,), {"mesh": mesh, "dist_attr": attr},
@@ -305,6 +314,7 @@ def dtensor_from_local(local: Any, mesh: ProcessMesh, placements: Sequence[Place
                              f"but the local value has {arr.ndim}")
         empty = to_tensor(empty_piece(gshape, arr.dtype, arr))
         return _from_local(empty, mesh, attr, gshape)
+    check_from_local(mesh, attr, shape)
     gshape = _global_shape_from_pieces(_gather_piece_metas(mesh, arr), attr, shape)
     return _from_local(t, mesh, attr, gshape)
 
