@@ -106,25 +106,38 @@ def _reduce_setup(dtype, op):
     return dt, _OPS[op]
 
 
+# all_reduce picks one of this many communicators by (shape, dtype): ranks whose all_reduces
+# disagree in shape then most often block (and are reported by the watchdog) instead of MPI
+# matching them, which aborts on a truncated message or, with equal sizes, mixes the data.
+_SHAPE_LANES = 4
+
+
 class MPIGroup(ProcessGroup):
     """A group backed by an MPI communicator (a private duplicate, never COMM_WORLD itself).
 
     Each collective kind, and each reduce op of all_reduce / reduce_scatter, runs on its own
     duplicate of ``comm`` (``comm`` itself carries send/recv and the debug check): ranks that
     call mismatched collectives (sum on one rank, max on another) then block, and the watchdog
-    reports them, instead of MPI matching the calls and returning wrong values."""
+    reports them, instead of MPI matching the calls and returning wrong values. all_reduce
+    further picks one of ``_SHAPE_LANES`` duplicates by shape and dtype."""
 
     backend_name = "mpi"
+    _comm_errors = (MPI.Exception,)
 
     def __init__(self, comm: "MPI.Comm", ranks):
         super().__init__(ranks, comm.Get_rank())
+        comm.Set_errhandler(MPI.ERRORS_RETURN)  # errors become exceptions (and reports)
         self.comm = comm
-        self._reduce_comm = {op: comm.Dup() for op in C.REDUCE_OPS}
+        self._reduce_comm = {op: [comm.Dup() for _ in range(_SHAPE_LANES)] for op in C.REDUCE_OPS}
         self._rs_comm = {op: comm.Dup() for op in C.REDUCE_OPS}
         self._gather_comm = comm.Dup()
         self._a2a_comm = comm.Dup()
         self._bcast_comm = comm.Dup()
         self._barrier_comm = comm.Dup()
+        for c in (*[c for lane in self._reduce_comm.values() for c in lane],
+                  *self._rs_comm.values(), self._gather_comm,
+                  self._a2a_comm, self._bcast_comm, self._barrier_comm):
+            c.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
 
     # ---------------------------------------------------------------------------------- util
@@ -163,7 +176,7 @@ class MPIGroup(ProcessGroup):
             recv = np.empty(src.shape, dtype=work)
         T = mpi_type(work)
         n = src.size
-        comm = self._reduce_comm[op]
+        comm = self._reduce_comm[op][hash((x.shape, x.dtype.num)) & (_SHAPE_LANES - 1)]
         if _too_big(n):
             sf, rf = src.reshape(-1), recv.reshape(-1)
             for a, b in _chunks(n):

@@ -188,6 +188,7 @@ class Watchdog(threading.Thread):
         self.control = control
         self.stopped = threading.Event()
         self._probed = None
+        self._mismatch: dict = {}
 
     def run(self) -> None:
         while not self.stopped.wait(POLL):
@@ -213,13 +214,21 @@ class Watchdog(threading.Thread):
             abort(f"{MARK} {k} exited (status {st}) while rank {me} waits in {what}, called "
                   f"from {call_site(frame)}; rank {k} will never join it")
         peers = c.probes.get((group.ranks, index), {})
-        for r, (n2, sig2, site2) in sorted(peers.items()):
-            if (n2, sig2) != (name, sig):
-                abort(f"{MARK} {r} and rank {me} called different collectives as call #{index} "
-                      f"on group ranks {list(group.ranks)}:\n"
-                      f"  rank {me}: {describe(name, sig, index, group.ranks)}, called from "
-                      f"{call_site(frame)}\n"
-                      f"  rank {r}: {describe(n2, sig2, index, group.ranks)}, called from {site2}")
+        calls = {me: (name, sig, call_site(frame)), **peers}
+        if any(v[:2] != (name, sig) for v in calls.values()):
+            # wait up to a second for every member's probe, then blame the minority call
+            # (on a tie, the side that went through Tensor.numpy(), else the other side)
+            first = self._mismatch.setdefault(id(cur), time.monotonic())
+            if len(calls) == len(group.ranks) or time.monotonic() - first > 1.0:
+                kinds = [v[:2] for v in calls.values()]
+                def weight(r):
+                    return (kinds.count(calls[r][:2]), "Tensor.numpy()" not in calls[r][2], r == me)
+                blame = min(calls, key=weight)
+                lines = "\n".join(f"  rank {r}: {describe(n, sg, index, group.ranks)}, called "
+                                  f"from {site}" for r, (n, sg, site) in sorted(calls.items()))
+                abort(f"{MARK} {blame} called a different collective than other ranks of group "
+                      f"{list(group.ranks)} as call #{index} (ranks not listed have not "
+                      f"arrived):\n{lines}")
         if waited >= probe_after() and self._probed is not cur:
             self._probed = cur
             c.send_all(group.ranks, _TAG_PROBE, (group.ranks, index, name, sig, call_site(frame)))
@@ -275,9 +284,12 @@ def _recording_exit(status: Any = None):
     raise SystemExit(status)
 
 
-def _on_exception(text: str, summary: str) -> None:
-    """Print the traceback once (lowest failing rank with this error), then abort."""
+def _on_exception(text: str, summary: str, failing_ranks=None) -> None:
+    """Print the traceback once (lowest failing rank with this error), then abort. An error
+    that knows which ranks caused it (``failing_ranks``, e.g. a metadata disagreement raised on
+    every rank) names the first of them as the rank to blame."""
     me = _world_rank()
+    blame = failing_ranks[0] if failing_ranks else me
     c = _control
     if c is not None:
         c.send_all(range(c.size), _TAG_FAIL, summary)
@@ -289,12 +301,13 @@ def _on_exception(text: str, summary: str) -> None:
         if same:
             abort(f"[disttensor] rank {me}: aborted; rank {same[0]} failed with the same error "
                   f"({summary})")
-    abort(f"{text}{MARK} {me}: unhandled exception ({summary})")
+    abort(f"{text}{MARK} {blame}: unhandled exception on rank {me} ({summary})")
 
 
 def _sys_hook(etype, value, tb) -> None:
     text = "".join(traceback.format_exception(etype, value, tb))
-    _on_exception(text, "".join(traceback.format_exception_only(etype, value)).strip())
+    _on_exception(text, "".join(traceback.format_exception_only(etype, value)).strip(),
+                  getattr(value, "failing_ranks", None))
 
 
 def _thread_hook(args) -> None:

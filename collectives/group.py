@@ -28,6 +28,7 @@ class ProcessGroup:
     """
 
     backend_name = "abstract"
+    _comm_errors: tuple = ()  # the backend's communication errors (MPI.Exception)
 
     def __init__(self, ranks: Sequence[int], rank: int):
         self.ranks = tuple(int(r) for r in ranks)
@@ -68,6 +69,18 @@ class ProcessGroup:
                 + "\n".join(lines)
             )
 
+    def _comm_failed(self, e: Exception) -> Exception:
+        """The error to raise when the backend fails inside the collective in flight: ranks
+        that call different collectives on one communicator (a size mismatch) end up here."""
+        from .failure import call_site, describe
+        cur = Watch.now
+        what = "a collective" if cur is None else describe(cur[1], cur[2], cur[3], self.ranks)
+        site = "?" if cur is None else call_site(cur[5])
+        return C.CollectiveMismatchError(
+            f"{what}, called from {site}, failed in the communication library ({e}): the ranks "
+            f"of group {list(self.ranks)} most likely called different collectives here, or one "
+            f"rank called a collective the others did not")
+
     def _allgather_obj(self, obj: Any) -> list:  # pragma: no cover - overridden
         return [obj]
 
@@ -85,6 +98,8 @@ class ProcessGroup:
         self._begin("all_reduce", (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op)))
         try:
             return self._all_reduce(x, op, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
         finally:
             Watch.now = None
 
@@ -115,6 +130,8 @@ class ProcessGroup:
                            ("sizes", None if sizes is None else tuple(sizes))))
         try:
             return self._all_gather(x, axis, sizes, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
         finally:
             Watch.now = None
 
@@ -138,6 +155,8 @@ class ProcessGroup:
                            ("axis", axis), ("sizes", tuple(sizes))))
         try:
             return self._reduce_scatter(x, op, axis, sizes, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
         finally:
             Watch.now = None
 
@@ -168,6 +187,8 @@ class ProcessGroup:
                            ("split_axis", s), ("concat_axis", c)))
         try:
             return self._all_to_all(x, s, c, ssizes, rsizes, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
         finally:
             Watch.now = None
 
@@ -181,6 +202,8 @@ class ProcessGroup:
         self._begin(name, (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("src", src)))
         try:
             return self._broadcast(x, src, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
         finally:
             Watch.now = None
 
@@ -227,6 +250,8 @@ class ProcessGroup:
         Watch.now = (self, "exchange_metadata", (), index, _monotonic(), _getframe(1))
         try:
             return self._allgather_obj(obj)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
         finally:
             Watch.now = None
 
@@ -234,6 +259,8 @@ class ProcessGroup:
         self._begin("barrier", ())
         try:
             self._barrier()
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
         finally:
             Watch.now = None
 

@@ -36,11 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_pair(path: str):
-    """(int, time) from a wrapper's ``<int> <time>`` file, or None."""
+    """(int, time, stopped) from a wrapper's ``<int> <time> [stopped]`` file, or None."""
     try:
         with open(path) as f:
             parts = f.read().split()
-        return int(parts[0]), float(parts[1]) if len(parts) > 1 else 0.0
+        return int(parts[0]), float(parts[1]) if len(parts) > 1 else 0.0, "stopped" in parts
     except (OSError, ValueError, IndexError):
         return None
 
@@ -51,13 +51,14 @@ def _status_of(log_dir: str, rank: int):
 
 
 def first_nonzero_exit(log_dir: str, nproc: int):
-    """(rank, status) of the rank whose recorded non-zero exit came first, or None."""
+    """(rank, status) of the rank whose recorded non-zero exit came first (ranks that were
+    stopped from outside count only when no other rank failed), or None."""
     done = []
     for rank in range(nproc):
         got = _read_pair(os.path.join(log_dir, f"rank_{rank}.exit"))
         if got is not None and got[0] != 0:
-            done.append((got[1], rank, got[0]))
-    return (min(done)[1], min(done)[2]) if done else None
+            done.append((got[2], got[1], rank, got[0]))
+    return (min(done)[2], min(done)[3]) if done else None
 
 
 def find_failing_rank(log_dir: str, nproc: int):
@@ -221,7 +222,13 @@ def main(argv=None) -> int:
         return rc if rc > 0 else 128 - rc
     sys.stdout.flush()
     bar = "=" * 72
-    sys.stderr.write(f"\n{bar}\nlaunch: rank {rank} failed (exit status {status}); its log "
+    how = f"exit status {status}"
+    if status > 128:
+        try:
+            how += f": killed by signal {status - 128} ({signal.Signals(status - 128).name})"
+        except ValueError:
+            pass
+    sys.stderr.write(f"\n{bar}\nlaunch: rank {rank} failed ({how}); its log "
                      f"({os.path.join(log_dir, f'rank_{rank}.log')}):\n{bar}\n")
     try:
         with open(os.path.join(log_dir, f"rank_{rank}.log"), errors="replace") as f:

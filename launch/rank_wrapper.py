@@ -9,7 +9,8 @@ tails that file to its own stdout with a ``[rank k] `` prefix (so on the console
 arrive on stdout), forwards SIGINT/SIGTERM to the child, and exits with the child's status.
 It also writes
 
-- ``DIR/rank_<k>.exit``: the child's exit status (128+N for death by signal N) and the time,
+- ``DIR/rank_<k>.exit``: the child's exit status (128+N for death by signal N), the time, and
+  ``stopped`` when the wrapper had forwarded SIGINT/SIGTERM to it (the job was being stopped),
 - ``DIR/rank_<k>.traceback``: the time the child first printed a Python traceback,
 - ``DIR/rank_<k>.blame``: the rank named by the child's first ``[disttensor] job aborted: rank
   K`` report (the runtime's failure reports name the rank to blame) and the time,
@@ -85,7 +86,10 @@ def main(argv=None) -> int:
                              close_fds=False, preexec_fn=_die_with_parent)
     os.close(fd)
 
+    forwarded = []
+
     def forward(sig, frame):
+        forwarded.append(sig)
         try:
             child.send_signal(sig)
         except ProcessLookupError:
@@ -131,7 +135,8 @@ def main(argv=None) -> int:
         sys.stdout.flush()
     status = rc if rc >= 0 else 128 - rc
     with open(os.path.join(args.log_dir, f"rank_{rank}.exit"), "w") as f:
-        f.write(f"{status} {time.time():.6f}\n")
+        # "stopped": the child's end was asked for from outside (mpiexec tearing the job down)
+        f.write(f"{status} {time.time():.6f}{' stopped' if forwarded else ''}\n")
     return status
 
 

@@ -30,11 +30,20 @@ from spmd_rules import ProcessMesh
 from .dist_tensor import canonical, canonical_mesh
 from .mesh_groups import get_rank, get_world_size
 
-__all__ = ["agree", "agreement_cache_info", "broadcast_from", "check_shard_tensor",
+__all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_from", "check_shard_tensor",
            "check_from_local", "check_reshard", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 4096
 _AGREED: OrderedDict = OrderedDict()
+
+
+class RankDisagreementError(ValueError):
+    """Ranks passed different metadata to an entry point; ``failing_ranks`` are those that
+    differ from the most common view (the failure report blames the first)."""
+
+    def __init__(self, message: str, failing_ranks: list[int]):
+        super().__init__(message)
+        self.failing_ranks = failing_ranks
 
 
 def agreement_cache_info() -> dict:
@@ -62,9 +71,10 @@ def agree(op: str, ranks, key: tuple, describe) -> None:
         common = max(set(views), key=views.count)
         odd = [r for r, v in zip(members, views) if v != common]
         lines = "\n".join(f"  rank {r}: {v}" for r, v in zip(members, views))
-        raise ValueError(f"{op}: ranks disagree on the tensor's metadata (every rank must pass "
-                         f"the same global shape, dtype, mesh and placements); rank(s) {odd} "
-                         f"differ from the others:\n{lines}")
+        raise RankDisagreementError(
+            f"{op}: ranks disagree on the tensor's metadata (every rank must pass the same global "
+            f"shape, dtype, mesh and placements); rank(s) {odd} differ from the others:\n{lines}",
+            odd)
     _AGREED[key] = True
     if len(_AGREED) > CACHE_LIMIT:
         _AGREED.popitem(last=False)
