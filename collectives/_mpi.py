@@ -17,6 +17,8 @@ tiny ``MAX_COUNT`` to exercise that path.
 """
 from __future__ import annotations
 
+from math import prod
+
 
 import numpy as np
 
@@ -97,13 +99,33 @@ def _p2p(call, buf: np.ndarray, peer: int, tag: int) -> None:
 
 
 def _reduce_setup(dtype, op):
-    """(working dtype, MPI op): float16 reduces in float32; bool uses logical ops."""
+    """(working dtype, MPI op): float16 reduces in float32; bool uses logical ops; floating
+    max/min use NaN-propagating ops (MPI's MAX/MIN may drop a NaN, numpy keeps it)."""
     dt = np.dtype(dtype)
     if dt.kind == "b":
         return dt, _BOOL_OPS[op]
     if dt == np.float16:
-        return np.dtype(np.float32), _OPS[op]
+        dt = np.dtype(np.float32)
+    if dt.kind == "f" and op in ("max", "min"):
+        return dt, _nan_op(op, dt)
     return dt, _OPS[op]
+
+
+_NAN_OPS: dict = {}
+
+
+def _nan_op(op: str, dt: np.dtype) -> "MPI.Op":
+    """A user-defined MPI op computing numpy's maximum/minimum (NaN wins), made once per
+    (op, dtype); creating an op is local, not collective."""
+    mop = _NAN_OPS.get((op, dt))
+    if mop is None:
+        ufunc = np.maximum if op == "max" else np.minimum
+
+        def combine(inbuf, inoutbuf, datatype):
+            b = np.frombuffer(inoutbuf, dtype=dt)
+            ufunc(np.frombuffer(inbuf, dtype=dt), b, out=b)
+        mop = _NAN_OPS[(op, dt)] = MPI.Op.Create(combine, commute=True)
+    return mop
 
 
 # all_reduce picks one of this many communicators by (shape, dtype): ranks whose all_reduces
@@ -199,13 +221,13 @@ class MPIGroup(ProcessGroup):
             sizes = self._exchange_ints(x.shape[axis])
         total = sum(sizes)
         T = mpi_type(x.dtype)
-        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        outer = prod(x.shape[:axis])
+        inner = prod(x.shape[axis + 1:])
         if axis > 0 and outer > 1:
             return self._all_gather_interleaved(x, axis, sizes, out, outer, inner)
         xf = _front(x, axis)
         rest = xf.shape[1:]
-        inner = int(np.prod(rest, dtype=np.int64))
+        inner = prod(rest)
         buf = out if (axis == 0 and out is not None) else np.empty((total,) + rest, dtype=x.dtype)
         counts = [s * inner for s in sizes]
         displs = C.offsets(counts)
@@ -251,7 +273,7 @@ class MPIGroup(ProcessGroup):
         if xf.dtype != work:
             xf = xf.astype(work)
         rest = xf.shape[1:]
-        inner = int(np.prod(rest, dtype=np.int64))
+        inner = prod(rest)
         counts = [s * inner for s in sizes]
         displs = C.offsets(counts)
         recv = np.empty((sizes[self.rank],) + rest, dtype=work)
@@ -303,8 +325,8 @@ class MPIGroup(ProcessGroup):
             rsizes = [int(v) for v in b]
         recv_shapes = [piece_shape(ssizes[me] if s != c else rsizes[j], rsizes[j]) for j in range(size)]
         send_shapes = [piece_shape(ssizes[j], send_c[j]) for j in range(size)]
-        scounts = [int(np.prod(p, dtype=np.int64)) for p in send_shapes]
-        rcounts = [int(np.prod(p, dtype=np.int64)) for p in recv_shapes]
+        scounts = [prod(p) for p in send_shapes]
+        rcounts = [prod(p) for p in recv_shapes]
         sdispls, rdispls = C.offsets(scounts), C.offsets(rcounts)
         large = False
         if not NATIVE_LARGE_COUNT:

@@ -27,7 +27,7 @@ import collectives
 from collectives._common import CHECK_COLLECTIVES
 from spmd_rules import ProcessMesh
 
-from .dist_tensor import canonical, canonical_mesh
+from .dist_tensor import _CANON_IDS, _MESH_IDS, canonical, canonical_mesh
 from .mesh_groups import get_rank, get_world_size
 
 __all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_from", "check_shard_tensor",
@@ -55,14 +55,23 @@ def _group(ranks) -> Any:
     return collectives.new_group(sorted(set(ranks)))
 
 
-def agree(op: str, ranks, key: tuple, describe) -> None:
+def _known(key: tuple) -> bool:
+    """True when ``key`` was agreed on before (never in debug mode); marks it recently used."""
+    if CHECK_COLLECTIVES or key not in _AGREED:
+        return False
+    _AGREED.move_to_end(key)
+    return True
+
+
+_TENSOR_METADATA = ("the tensor's metadata (every rank must pass the same global shape, dtype, "
+                    "mesh and placements)")
+
+
+def agree(op: str, ranks, key: tuple, describe, what: str = _TENSOR_METADATA) -> None:
     """Check that every rank in ``ranks`` (this one among them) passed the same ``key`` to
     ``op``; ``describe()`` gives this rank's view for the error message. Raises ValueError on
     every rank when they differ."""
-    if get_world_size() == 1:
-        return
-    if not CHECK_COLLECTIVES and key in _AGREED:
-        _AGREED.move_to_end(key)
+    if _known(key) or get_world_size() == 1:
         return
     text = describe()
     views = _group(ranks).exchange_metadata(text)
@@ -72,8 +81,7 @@ def agree(op: str, ranks, key: tuple, describe) -> None:
         odd = [r for r, v in zip(members, views) if v != common]
         lines = "\n".join(f"  rank {r}: {v}" for r, v in zip(members, views))
         raise RankDisagreementError(
-            f"{op}: ranks disagree on the tensor's metadata (every rank must pass the same global "
-            f"shape, dtype, mesh and placements); rank(s) {odd} differ from the others:\n{lines}",
+            f"{op}: ranks disagree on {what}; rank(s) {odd} differ from the others:\n{lines}",
             odd)
     _AGREED[key] = True
     if len(_AGREED) > CACHE_LIMIT:
@@ -118,10 +126,10 @@ def _layout(mesh: ProcessMesh, attr) -> str:
 def check_shard_tensor(mesh: ProcessMesh, attr, arr) -> None:
     """The ranks of ``mesh`` passed the same global shape, dtype and layout (and, in debug
     mode, the same data)."""
-    if not mesh.contains(get_rank()):
-        return
-    shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)
+    shape, dtype = arr.shape, arr.dtype
     key = ("shard_tensor", id(canonical_mesh(mesh)), id(canonical(attr)), shape, dtype)
+    if _known(key) or not mesh.contains(get_rank()):
+        return
 
     def describe():
         extra = f", data crc32 {checksum(arr)}" if CHECK_COLLECTIVES else ""
@@ -140,11 +148,17 @@ def check_from_local(mesh: ProcessMesh, attr, shape) -> None:
 
 def check_reshard(value, mesh: ProcessMesh, attr) -> None:
     """The ranks of both meshes agree on the source tensor and the target layout."""
+    # the steady-state path: one tuple and one lookup (the target's mesh and attr are
+    # normally interned already, so their ids are stable keys)
+    key = ("reshard", id(value.mesh), id(value.dist_attr), value.shape, value.dtype,
+           id(mesh) if id(mesh) in _MESH_IDS else id(canonical_mesh(mesh)),
+           id(attr) if id(attr) in _CANON_IDS else id(canonical(attr)))
+    if key in _AGREED and not CHECK_COLLECTIVES:
+        _AGREED.move_to_end(key)
+        return
     ranks = set(value.mesh.process_ids) | set(mesh.process_ids)
     if get_rank() not in ranks:
         return
-    key = ("reshard", id(value.mesh), id(value.dist_attr), value.shape, value.dtype,
-           id(canonical_mesh(mesh)), id(canonical(attr)))
     agree("reshard", ranks, key,
           lambda: f"source shape {list(value.shape)} dtype {np.dtype(value.dtype).name} "
                   f"{_layout(value.mesh, value.dist_attr)} -> target {_layout(mesh, attr)}")

@@ -17,6 +17,7 @@ so its gradient is the incoming gradient laid out like the input (a Partial inpu
 receive the whole gradient)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -56,9 +57,15 @@ def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement
                              "become Partial as the output of an op (use dtensor_from_local to "
                              "build one from per-rank addends)")
     try:
-        return DistAttr.from_placements(placements, ndim, mesh.shape)
+        return _layout_of(tuple(placements), ndim, mesh)
     except ValueError as e:
         raise ValueError(f"{op}: tensor of shape {list(shape)}: {e}") from None
+
+
+@lru_cache(maxsize=1024)
+def _layout_of(placements: tuple, ndim: int, mesh: ProcessMesh) -> DistAttr:
+    """The interned DistAttr of ``placements`` (built once per distinct call)."""
+    return canonical(DistAttr.from_placements(placements, ndim, mesh.shape))
 
 
 def _dist_value(op: str, x: Tensor) -> DistTensor:
