@@ -36,6 +36,10 @@ W = rng.random((16, 6))
 LABELS = rng.integers(0, 6, (8,))
 
 x_data, x_pl = X, [Shard(0), Replicate()]
+if FAULT == "unseeded_data":  # every rank draws its own "global" array (debug mode finds it)
+    hit("unseeded_data", None)
+    x_data = np.random.default_rng(RANK if RANK != BAD else 100).random((8, 16))
+    x_pl = [Replicate(), Replicate()]
 if hit("dtype_disagree"):
     x_data = X.astype(np.float32)
 if hit("shape_disagree"):

@@ -66,8 +66,8 @@ def numpy_loss() -> float:
     return float(loss)
 
 
-def run(tmp_path, fault: str, how: str):
-    env = dict(os.environ, FAULT=fault, FAULT_RANK="1", DISTTENSOR_TIMEOUT=str(TIMEOUT),
+def run(tmp_path, fault: str, how: str, **extra_env):
+    env = dict(os.environ, **extra_env, FAULT=fault, FAULT_RANK="1", DISTTENSOR_TIMEOUT=str(TIMEOUT),
                OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     job = os.path.join(HERE, "fault_job.py")
     if how == "mpiexec":
@@ -103,3 +103,10 @@ def test_fault_ends_job(tmp_path, fault, how):
     assert re.search(text, out), out
     if how == "launch":
         assert "launch: rank 1 failed" in out, out
+
+
+def test_debug_mode_finds_ranks_holding_different_replicated_data(tmp_path):
+    """DISTTENSOR_CHECK_COLLECTIVES=1 compares a checksum of shard_tensor's data."""
+    r, since = run(tmp_path, "unseeded_data", "mpiexec", DISTTENSOR_CHECK_COLLECTIVES="1")
+    assert r.returncode != 0 and since < 10, r.stdout
+    assert re.search(r"shard_tensor: ranks disagree(.|\n)*data crc32", r.stdout), r.stdout
