@@ -156,15 +156,19 @@ class MPIGroup(ProcessGroup):
         self._a2a_comm = comm.Dup()
         self._bcast_comm = comm.Dup()
         self._barrier_comm = comm.Dup()
+        self._meta_comm = comm.Dup()  # exchange_metadata
         for c in (*[c for lane in self._reduce_comm.values() for c in lane],
                   *self._rs_comm.values(), self._gather_comm,
-                  self._a2a_comm, self._bcast_comm, self._barrier_comm):
+                  self._a2a_comm, self._bcast_comm, self._barrier_comm, self._meta_comm):
             c.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
 
     # ---------------------------------------------------------------------------------- util
     def _allgather_obj(self, obj):
         return self.comm.allgather(obj)
+
+    def _exchange_obj(self, obj):
+        return self._meta_comm.allgather(obj)
 
     def _exchange_ints(self, value: int) -> list[int]:
         a = np.array([value], dtype=np.int64)

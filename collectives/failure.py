@@ -143,6 +143,7 @@ class Control:
         self.exited: dict[int, Any] = {}
         self.probes: dict[tuple, dict[int, tuple]] = {}
         self.failed: dict[int, str] = {}
+        self.blocked: dict[int, tuple] = {}  # rank -> its latest probe (where it is blocked)
         self._reqs: list = []
 
     def send_all(self, ranks, tag: int, obj) -> None:
@@ -165,6 +166,7 @@ class Control:
                 elif tag == _TAG_PROBE:
                     ranks, index, name, sig, site = msg
                     self.probes.setdefault((ranks, index), {})[src] = (name, sig, site)
+                    self.blocked[src] = msg
                 elif tag == _TAG_FAIL:
                     self.failed[src] = msg
 
@@ -231,16 +233,37 @@ class Watchdog(threading.Thread):
                       f"arrived):\n{lines}")
         if waited >= probe_after() and self._probed is not cur:
             self._probed = cur
-            c.send_all(group.ranks, _TAG_PROBE, (group.ranks, index, name, sig, call_site(frame)))
+            # to every rank: members compare calls; the others learn where this rank waits
+            c.send_all(range(c.size), _TAG_PROBE, (group.ranks, index, name, sig,
+                                                   call_site(frame)))
         if waited >= _timeout:
             arrived = sorted(set(peers) | {me})
             missing = [r for r in group.ranks if r not in arrived]
-            blame = missing[0] if missing else me
+            where = "; ".join(
+                f"rank {r} waits in {describe(b[2], b[3], b[1], b[0])}, called from {b[4]}"
+                for r, b in sorted(c.blocked.items()) if r in missing)
+            blame = self.root_cause(missing) if missing else me
             abort(f"{MARK} {blame} did not arrive: rank {me} has been blocked "
                   f"{waited:.1f} s (timeout {_timeout:g} s, {TIMEOUT_ENV}) in {what}, called "
                   f"from {call_site(frame)}; ranks of the group in this call: {arrived}; "
-                  f"never arrived (busy outside any collective, blocked, or in another "
-                  f"collective): {missing}")
+                  f"never arrived: {missing}" + (f" ({where})" if where else "")
+                  + f"; rank {blame} is not blocked in any collective this rank knows of")
+
+    def root_cause(self, missing: list) -> int:
+        """The first rank reached from ``missing`` that is not itself blocked in a collective
+        (following each blocked rank to the members its own call is waiting for)."""
+        c, seen, todo = self.control, set(), list(missing)
+        while todo:
+            r = todo.pop(0)
+            if r in seen:
+                continue
+            seen.add(r)
+            b = c.blocked.get(r)
+            if b is None:
+                return r
+            there = c.probes.get((b[0], b[1]), {})
+            todo += [m for m in b[0] if m not in there and m != r]
+        return missing[0]
 
 
 def start(world_comm) -> None:
@@ -342,10 +365,24 @@ def _at_exit() -> None:
     c.finish_sends()
 
 
+def is_rank_process() -> bool:
+    """False in a subprocess that merely inherited an MPI rank's environment: the process
+    manager's connection (``PMI_FD``) is not open there, and such a process must never abort or
+    join the parent's job."""
+    fd = os.environ.get("PMI_FD")
+    if fd is None:
+        return True
+    try:
+        os.fstat(int(fd))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def install() -> None:
     """Install the hooks (idempotent); called by ``import collectives`` under MPI."""
     global _installed
-    if _installed:
+    if _installed or not is_rank_process():
         return
     _installed = True
     faulthandler.enable(all_threads=True)

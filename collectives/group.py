@@ -84,6 +84,9 @@ class ProcessGroup:
     def _allgather_obj(self, obj: Any) -> list:  # pragma: no cover - overridden
         return [obj]
 
+    def _exchange_obj(self, obj: Any) -> list:  # pragma: no cover - overridden
+        return [obj]
+
     # ----------------------------------------------------------------------------------------
     # public API
     # ----------------------------------------------------------------------------------------
@@ -247,9 +250,11 @@ class ProcessGroup:
         exchanges inside all_gather)."""
         index = self._call_index
         self._call_index = index + 1
+        if C.CHECK_COLLECTIVES and self.size > 1:
+            self._check_agreement("exchange_metadata", index, ())
         Watch.now = (self, "exchange_metadata", (), index, _monotonic(), _getframe(1))
         try:
-            return self._allgather_obj(obj)
+            return self._exchange_obj(obj)
         except self._comm_errors as e:
             raise self._comm_failed(e) from e
         finally:

@@ -77,7 +77,7 @@ def agree(op: str, ranks, key: tuple, describe, what: str = _TENSOR_METADATA) ->
     views = _group(ranks).exchange_metadata(text)
     if any(v != views[0] for v in views):
         members = sorted(set(ranks))
-        common = max(set(views), key=views.count)
+        common = max(views, key=views.count)  # ties: the lowest rank's view (same on all ranks)
         odd = [r for r, v in zip(members, views) if v != common]
         lines = "\n".join(f"  rank {r}: {v}" for r, v in zip(members, views))
         raise RankDisagreementError(
