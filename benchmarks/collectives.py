@@ -13,7 +13,8 @@ the baseline moves the same bytes, so the ratio includes our cost of handling th
 
 ``small_4KB`` (always measured): the per-call cost of Python around a 4 KB call — our
 ``all_reduce`` / ``all_gather`` and ``disttensor.reshard`` S(0) -> R against the bare MPI call
-(best of several batches, alternating, so load on the machine hits both), and, timed alone in a
+(best of several batches, alternating, so load on the machine hits both; plus the number of
+Python function calls each makes, which load does not change), and, timed alone in a
 loop on one process, what the failure policy adds to every collective (the watchdog's entry and
 exit bookkeeping) and to a steady-state ``reshard`` (a cached rank-agreement lookup). Ops between
 the entry points (``dispatch.apply``) run no agreement code: there is none on that path.
@@ -125,6 +126,19 @@ def loop_cost(fn, calls: int = 200_000) -> float:
     return max(0.0, min(run(fn) for _ in range(3)) - empty) / calls
 
 
+def python_calls(fn, calls: int = 200) -> float:
+    """Python function calls per call of ``fn`` (cProfile's count: independent of machine load,
+    unlike the timings; the same number on every rank for these symmetric calls)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    return round(pstats.Stats(prof).total_calls / calls, 1)
+
+
 def small_calls(g, comm, calls: int, batches: int) -> dict:
     """4 KB per rank: our calls and reshard against the bare MPI calls, plus the failure
     policy's per-call costs."""
@@ -158,7 +172,8 @@ def small_calls(g, comm, calls: int, batches: int) -> dict:
             t_raw = min(t_raw, best_per_call(comm, raw, calls, 1))
         out[name] = {"ours_us": round(t_ours * 1e6, 2), "bare_mpi_us": round(t_raw * 1e6, 2),
                      "python_us": round((t_ours - t_raw) * 1e6, 2),
-                     "ratio_to_bare": round(t_ours / t_raw, 2)}
+                     "ratio_to_bare": round(t_ours / t_raw, 2),
+                     "python_function_calls": python_calls(ours)}
 
     def enter_and_leave():  # what every collective runs besides its checks and the MPI call
         g._begin("barrier", ())  # count, call index, the watchdog's record

@@ -159,8 +159,6 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
         if isinstance(w, LocalGroup):
             g = w  # the only possible group is [0]
         else:
-            from mpi4py import MPI
-
             from ._mpi import MPIGroup
 
             wcomm = w.comm

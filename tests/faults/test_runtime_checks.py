@@ -3,8 +3,6 @@ shard_tensor(src_rank=...), NaN-propagating max/min across ranks, bounded caches
 fails raises the same error on every rank, so the ranks go on together."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
