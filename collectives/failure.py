@@ -247,7 +247,8 @@ class Watchdog(threading.Thread):
                   f"{waited:.1f} s (timeout {_timeout:g} s, {TIMEOUT_ENV}) in {what}, called "
                   f"from {call_site(frame)}; ranks of the group in this call: {arrived}; "
                   f"never arrived: {missing}" + (f" ({where})" if where else "")
-                  + f"; rank {blame} is not blocked in any collective this rank knows of")
+                  + ("" if blame in c.blocked else
+                     f"; rank {blame} is not blocked in any collective this rank knows of"))
 
     def root_cause(self, missing: list) -> int:
         """The first rank reached from ``missing`` that is not itself blocked in a collective
