@@ -195,13 +195,14 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(POLL):
             cur = Watch.now
-            if cur is None or time.monotonic() - cur[4] < POLL:
-                continue
-            try:
-                self.control.drain()
-                self.check(cur)
-            except Exception as e:  # pragma: no cover - a broken watchdog must not go silent
-                _write(f"[disttensor] watchdog error on rank {self.control.rank}: {e!r}")
+            if cur is not None and time.monotonic() - cur[4] >= POLL:
+                try:
+                    self.control.drain()
+                    self.check(cur)
+                except Exception as e:  # pragma: no cover - a broken watchdog must not go silent
+                    _write(f"[disttensor] watchdog error on rank {self.control.rank}: {e!r}")
+            # the call's frame keeps its callers' locals alive: never hold it while waiting
+            cur = None
 
     def check(self, cur: tuple) -> None:
         group, name, sig, index, t0, frame = cur
@@ -231,8 +232,8 @@ class Watchdog(threading.Thread):
                 abort(f"{MARK} {blame} called a different collective than other ranks of group "
                       f"{list(group.ranks)} as call #{index} (ranks not listed have not "
                       f"arrived):\n{lines}")
-        if waited >= probe_after() and self._probed is not cur:
-            self._probed = cur
+        if waited >= probe_after() and self._probed != (group, index, t0):
+            self._probed = (group, index, t0)  # not ``cur``: its frame would outlive the call
             # to every rank: members compare calls; the others learn where this rank waits
             c.send_all(range(c.size), _TAG_PROBE, (group.ranks, index, name, sig,
                                                    call_site(frame)))
