@@ -158,6 +158,36 @@ def test_seed_example_backward_through_inplace():
     np.testing.assert_allclose(b.grad.numpy(), np.full((2, 2), 4.0))
 
 
+def test_seed_002_example_as_written():
+    """Seed 002 verbatim: a [3, 4] tensor, ``y.backward()`` on the non-scalar result (the
+    implicit gradient is ones of y's shape, as in Paddle)."""
+    a = dt.randn([3, 4])
+    a.stop_gradient = False
+    x = a.scale(2.0)
+    y = x.scale_(2.0)
+    assert y is x
+    np.testing.assert_allclose(x.numpy(), 4 * a.numpy())
+    y.backward()
+    np.testing.assert_array_equal(a.grad.numpy(), np.full((3, 4), 4.0, dtype=np.float32))
+
+
+def test_autograd_backward_several_roots():
+    a = T([[1.0, 2.0], [3.0, -1.0]], stop_gradient=False)
+    b = T([0.5, 2.0], stop_gradient=False)
+    u = a * a          # non-scalar, seeded with ones
+    v = a * b          # non-scalar, seeded with g
+    g = np.array([[1.0, -2.0], [0.5, 3.0]])
+    dt.autograd.backward([u, v], [None, T(g)])
+    an, bn = a.numpy(), b.numpy()
+    np.testing.assert_allclose(a.grad.numpy(), 2 * an + g * bn)
+    np.testing.assert_allclose(b.grad.numpy(), (g * an).sum(0))
+    c = T([1.0, 2.0, 3.0], stop_gradient=False)
+    dt.autograd.backward(c * 3.0)  # one tensor, no grad_tensors
+    np.testing.assert_allclose(c.grad.numpy(), [3.0, 3.0, 3.0])
+    with pytest.raises(ValueError, match="2 tensors but 1 grad_tensors"):
+        dt.autograd.backward([c * 1.0, c * 2.0], [None])
+
+
 def test_inplace_chain_gradients():
     a = T([0.5, -1.0, 2.0], stop_gradient=False)
     w = T([1.0, 2.0, 3.0])  # constant: multiply_'s backward needs only w, not the old h
