@@ -29,7 +29,8 @@ rank in the mesh):
   axes and divide by the global count;
 - Partial(avg) is treated like Partial(sum) by the linear rules (both are linear).
 """
-from .placement import LINEAR_REDUCE_TYPES, Partial, Placement, ReduceType, Replicate, Shard
+from .placement import (LINEAR_REDUCE_TYPES, LOGICAL_REDUCE_TYPES, Partial, Placement, ReduceType,
+                        Replicate, Shard)
 from .mesh import ProcessMesh
 from .dist_attr import DistAttr, local_offset, local_shape, local_slices, split_range
 from .base import (FALLBACK_RULE, RULES, Rule, SpmdResult, TensorMeta, get_rule, register_rule,
@@ -46,6 +47,7 @@ from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, 
 
 __all__ = [
     "ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",
+    "LOGICAL_REDUCE_TYPES",
     "ProcessMesh", "DistAttr", "split_range", "local_shape", "local_offset", "local_slices",
     "TensorMeta", "SpmdResult", "Rule", "RULES", "FALLBACK_RULE", "register_rule", "get_rule",
     "rule_coverage", "merge_shardings", "layout", "contracted_partial", "broadcast_notations",

@@ -331,3 +331,24 @@ def test_inplace_on_view_needing_grad_raises_before_writing():
     with pytest.raises(ValueError, match="view"):
         v.scale_(2.0)
     np.testing.assert_array_equal(h.numpy(), np.ones((2, 2)))
+
+
+def test_set_value_loads_a_parameter_outside_autograd():
+    """Paddle's ``Tensor.set_value``: same tensor, same buffer, new data cast to its dtype,
+    no grad recorded; a wrong shape raises and leaves the tensor unchanged."""
+    lin = dt.nn.Linear(3, 2)
+    p = lin.weight
+    buf, ident = p._value.array, id(p)
+    w = np.arange(6.0).reshape(3, 2)
+    assert p.set_value(w) is p
+    assert id(p) == ident and p._value.array is buf and p.dtype == dt.float32
+    np.testing.assert_array_equal(p.numpy(), w.astype(np.float32))
+    assert not p.stop_gradient and p.is_leaf and p.grad is None
+    p.set_value(dt.to_tensor(w * 2))  # a float64 Tensor: cast
+    np.testing.assert_array_equal(p.numpy(), (w * 2).astype(np.float32))
+    with pytest.raises(ValueError, match=r"set_value: value of shape \[2, 3\] does not match"):
+        p.set_value(np.ones((2, 3)))
+    np.testing.assert_array_equal(p.numpy(), (w * 2).astype(np.float32))
+    x = dt.to_tensor(np.ones((4, 3)), stop_gradient=False)
+    lin(x).sum().backward()  # the loaded weight is used by the next forward and backward
+    np.testing.assert_allclose(p.grad.numpy(), np.ones((3, 2)) * 4)
