@@ -55,6 +55,8 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
         sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
         return partial(group_along(mesh, m).all_to_all, split_axis=step.split_dim,
                        concat_axis=d, recv_sizes=sizes)
+    if k == "swap":
+        return _swap(step, shape, mesh, coord)
     if k == "slice":
         def cut(arr):
             a, b = split_range(arr.shape[d], n, coord[m])
@@ -86,6 +88,30 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
                 else np.full_like(arr, fill)
         return lambda arr: arr.copy()
     raise AssertionError(k)
+
+
+def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
+    """Exchange pieces with the rank whose coordinates along the two mesh dims are swapped
+    (the lower rank sends first, so blocking point-to-point calls cannot deadlock)."""
+    a, b = step.mesh_dim, step.split_dim
+    other = list(coord)
+    other[a], other[b] = coord[b], coord[a]
+    if other == list(coord):
+        return lambda arr: arr  # already holds its target piece
+    peer, me = mesh.rank_at(other), get_rank()
+    out_shape = tuple(s.stop - s.start for s in local_slices(shape, step.after, coord))
+    w = world()
+
+    def swap(arr):
+        like = None if isinstance(arr, np.ndarray) else arr
+        send = np.ascontiguousarray(arr) if like is None else arr
+        if me < peer:
+            w.send(send, peer)
+            return w.recv(out_shape, arr.dtype, peer, like=like)
+        got = w.recv(out_shape, arr.dtype, peer, like=like)
+        w.send(send, peer)
+        return got
+    return swap
 
 
 def _identity(reduce_type: str, dtype):

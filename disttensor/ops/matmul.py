@@ -3,7 +3,7 @@ transposes of the last two axes. Rule: ``matmul``."""
 from __future__ import annotations
 
 from ..dispatch import apply
-from ..schema import OPS, public, register
+from ..schema import OPS, equal_dtypes, public, register
 from ..tensor import Tensor
 from .common import as_tensor, sum_to_shape
 from .shape import reshape_to as reshape
@@ -42,7 +42,7 @@ def _matmul_bwd(node, g):
 
 
 register("matmul", _matmul_kernel, backward=_matmul_bwd, rule="matmul", save_inputs=(0, 1),
-         accepts_out=True)
+         accepts_out=True, dtype=equal_dtypes)
 _MATMUL = OPS["matmul"]
 
 

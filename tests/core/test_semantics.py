@@ -349,6 +349,6 @@ def test_set_value_loads_a_parameter_outside_autograd():
     with pytest.raises(ValueError, match=r"set_value: value of shape \[2, 3\] does not match"):
         p.set_value(np.ones((2, 3)))
     np.testing.assert_array_equal(p.numpy(), (w * 2).astype(np.float32))
-    x = dt.to_tensor(np.ones((4, 3)), stop_gradient=False)
+    x = dt.to_tensor(np.ones((4, 3), dtype=np.float32), stop_gradient=False)
     lin(x).sum().backward()  # the loaded weight is used by the next forward and backward
     np.testing.assert_allclose(p.grad.numpy(), np.ones((3, 2)) * 4)

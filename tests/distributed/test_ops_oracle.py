@@ -345,6 +345,77 @@ def test_matmul_contracted_shards_give_partial():
             np.testing.assert_allclose(y.grad.numpy(), X.T @ np.ones((5, 3)), rtol=1e-10)
 
 
+def _partial_input(G, mesh, red="sum", seed=0, stop_gradient=False):
+    """A leaf Partial(red) on mesh dim 0 (Replicate elsewhere) whose global value is G: rank
+    pieces are known addends (sum: random parts; max: G on coordinate 0, smaller elsewhere)."""
+    coord = coord_of(mesh)
+    pl = [Partial(red)] + [Replicate()] * (mesh.ndim - 1)
+    if coord is None:
+        local = np.zeros((0,) * G.ndim)
+    else:
+        rng = np.random.default_rng(seed)
+        parts = [rng.standard_normal(G.shape) for _ in range(mesh.shape[0])]
+        if red == "sum":
+            parts[0] = G - sum(parts[1:], np.zeros(G.shape))
+        else:
+            sign = 1 if red == "max" else -1
+            parts = [G] + [G - sign * np.abs(p) for p in parts[1:]]
+        local = parts[coord[0]]
+    t = dt.dtensor_from_local(dt.to_tensor(local), mesh, pl, shape=G.shape)
+    t.stop_gradient = stop_gradient
+    return t
+
+
+def test_partial_stays_partial_where_cheaper():
+    """P + R, P - R (broadcast): no collective, output Partial; P * P: one all-reduce;
+    maximum/minimum of Partial(max)/(min) with Partial or Replicate: no collective, output
+    Partial(max)/(min); values and gradients against numpy."""
+    rng = np.random.default_rng(11)
+    X, Y, V = rng.standard_normal((5, 6)), rng.standard_normal((5, 6)), rng.standard_normal(6)
+    W = rng.standard_normal((5, 6))
+    for mesh in _meshes():
+        if mesh.shape[0] == 1:
+            continue
+        member = coord_of(mesh) is not None
+        rest = [Replicate()] * (mesh.ndim - 1)
+        cases = [("add", lambda a, b: a + b, np.add, V, [Replicate()] + rest),
+                 ("subtract", lambda a, b: a - b, np.subtract, Y, [Shard(1)] + rest)]
+        for name, f, ref, B, b_pl in cases:
+            x = _partial_input(X, mesh, seed=1)
+            y = dt.shard_tensor(B, mesh, [Replicate() if isinstance(p, Shard) and B.ndim == 1
+                                          else p for p in b_pl], stop_gradient=False)
+            before = collectives.collective_counts()
+            out = f(x, y)
+            assert collectives.collective_counts() == before, f"{name}: P op R communicated"
+            assert list(out.placements) == [Partial()] + rest
+            (out * dt.to_tensor(W)).sum().backward()
+            if member:
+                np.testing.assert_allclose(out.numpy(), ref(X, B), rtol=1e-10, atol=1e-12)
+                gy = W.sum(0) if B.ndim == 1 else W
+                np.testing.assert_allclose(y.grad.numpy(), gy if name == "add" else -gy,
+                                           rtol=1e-10, atol=1e-12)
+        # P * P: at most one collective
+        x, y = _partial_input(X, mesh, seed=2), _partial_input(Y, mesh, seed=3)
+        before = collectives.collective_counts()
+        out = x * y
+        after = collectives.collective_counts()
+        assert sum(after.values()) - sum(before.values()) == int(member), (before, after)
+        if member:
+            np.testing.assert_allclose(out.numpy(), X * Y, rtol=1e-10)
+        # maximum / minimum of Partial(max) / Partial(min)
+        for fn, red, ref in ((dt.maximum, "max", np.maximum), (dt.minimum, "min", np.minimum)):
+            a = _partial_input(X, mesh, red, seed=4)
+            b = _partial_input(Y, mesh, red, seed=5)
+            c = dt.shard_tensor(V, mesh, [Replicate()] * mesh.ndim)
+            before = collectives.collective_counts()
+            o1, o2 = fn(a, b), fn(a, c)
+            assert collectives.collective_counts() == before, f"{red} of Partial({red}) moved"
+            assert list(o1.placements) == list(o2.placements) == [Partial(red)] + rest
+            if member:
+                np.testing.assert_array_equal(o1.numpy(), ref(X, Y))
+                np.testing.assert_array_equal(o2.numpy(), ref(X, V))
+
+
 def _raises_before_communication(fn, *needles):
     before = collectives.collective_counts()
     with pytest.raises(ValueError) as info:

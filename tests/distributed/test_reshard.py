@@ -9,7 +9,8 @@ Shard(1), Replicate and Partial(sum) per mesh dim:
   (over their partial mesh dims) to that cut;
 - the collectives this rank issued (``collectives.collective_counts()`` delta) are exactly the
   plan's steps, and a single mesh dim change costs the minimum (S→R one all-gather, P→R one
-  all-reduce, P→S one reduce-scatter, S→S' one all-to-all, R→S none).
+  all-reduce, P→S one reduce-scatter, S→S' one all-to-all, R→S none), and a shard moving
+  between mesh dims of one size is one pairwise exchange.
 
 Cases are batched in one test per (mesh, shape); failures are collected (never raised mid-loop,
 so no rank leaves the others waiting in a collective) and every failing case is named.
@@ -203,8 +204,13 @@ def run_case(G, mesh, src_pl, dst_pl, seed=0, public=None) -> list[str]:
         delta = counts_delta(before)
         want_kinds = {}
         if member:
+            coord = mesh.get_coord(world().rank)
             for s in plan.steps:
-                if s.is_collective:
+                if s.kind == "swap":  # a pairwise exchange: off-diagonal ranks send + receive
+                    if coord[s.mesh_dim] != coord[s.split_dim]:
+                        for k in ("send", "recv"):
+                            want_kinds[k] = want_kinds.get(k, 0) + 1
+                elif s.is_collective:
                     want_kinds[s.kind] = want_kinds.get(s.kind, 0) + 1
         if delta != want_kinds:
             errs.append(f"{name}: collectives issued {delta} != plan {want_kinds}\n{plan}")
@@ -408,6 +414,34 @@ def test_dtensor_to_local_three_args_and_set_value():
     w.set_value(G)
     assert w.placements == [Shard(0)] and w._local_array() is buf
     assert check_value(w._local_array(), mesh, w._value.dist_attr, G) is None
+
+
+def test_shard_moving_between_mesh_dims_is_one_pairwise_exchange():
+    """``[S(0), R] -> [R, S(0)]`` on 2x2 (issue 13): one send and one receive on the
+    off-diagonal ranks, nothing on the diagonal, no all-gather; also with another dim sharded
+    and with uneven sizes; the gradient goes back the same way."""
+    mesh = get_mesh("2x2")
+    rank = world().rank
+    coord = mesh.get_coord(rank)
+    for shape, src, dst in [((13, 17), [Shard(0), Replicate()], [Replicate(), Shard(0)]),
+                            ((5, 3), [Replicate(), Shard(1)], [Shard(1), Replicate()]),
+                            ((7, 6, 2), [Shard(2), Replicate()], [Replicate(), Shard(2)])]:
+        G = global_array(shape, seed=41)
+        plan = plan_reshard(shape, 8, mesh, DistAttr.from_placements(src, len(shape), mesh.shape),
+                            mesh, DistAttr.from_placements(dst, len(shape), mesh.shape))
+        assert [s.kind for s in plan.steps] == ["swap"], str(plan)
+        x = dt.shard_tensor(G, mesh, src, stop_gradient=False)
+        before = collectives.collective_counts()
+        y = dt.reshard(x, mesh, dst)
+        moved = counts_delta(before)
+        a, b = (0, 1)
+        want = {} if coord[a] == coord[b] else {"send": 1, "recv": 1}
+        assert moved == want, (rank, moved)
+        assert check_value(y._local_array(), mesh, y._value.dist_attr, G) is None
+        W = global_array(shape, seed=42)
+        (y * dt.to_tensor(W)).sum().backward()
+        assert x.grad.placements == src
+        np.testing.assert_array_equal(x.grad.numpy(), W)
 
 
 def test_reshard_same_layout_is_a_copy_without_communication():
