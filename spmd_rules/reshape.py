@@ -25,6 +25,7 @@ coord))`` is the output's local piece. A tensor with no elements is replicated.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 from .base import (SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, prod,
                    register_rule, require)
 from .dist_attr import DistAttr
+from .redistribute import reshard_cost
 
 __all__ = ["DimTrans", "InputDim", "Singleton", "Flatten", "Split", "make_reshape_dim_trans",
            "infer_dim_trans", "reshape", "squeeze", "unsqueeze", "flatten"]
@@ -149,7 +151,26 @@ def infer_dim_trans(src_shape: Sequence[int], attr: DistAttr, trans: Sequence[Di
 
 
 def _reshape_result(x: TensorMeta, target: tuple[int, ...]) -> SpmdResult:
-    required, out = infer_dim_trans(x.shape, x.dist_attr, make_reshape_dim_trans(x.shape, target))
+    """The dim-trans answer, or when that moves data, the cheapest layout the dim trans keeps
+    as it is (x's sharding mesh dims placed on other dims: an all-to-all instead of an
+    all-gather, e.g. [2, 3, 2] as S(1) -> [12] moves mesh dim 0 onto dim 0)."""
+    trans = make_reshape_dim_trans(x.shape, target)
+    required, out = infer_dim_trans(x.shape, x.dist_attr, trans)
+    plain = x.dist_attr.without_partial()
+    cost = reshard_cost(x.shape, 1, plain, required.without_partial())
+    if cost:
+        mesh_dims = sorted(m for dm in plain.dims_mapping for m in dm)
+        for choice in itertools.product(range(-1, x.ndim), repeat=len(mesh_dims)):
+            dims: list[tuple[int, ...]] = [() for _ in x.shape]
+            for m, d in zip(mesh_dims, choice):
+                if d >= 0:
+                    dims[d] += (m,)
+            cand = x.dist_attr.with_dims_mapping(dims)
+            c = reshard_cost(x.shape, 1, plain, cand.without_partial())
+            if c < cost:
+                req, o = infer_dim_trans(x.shape, cand, trans)
+                if req == cand:
+                    cost, required, out = c, req, o
     return SpmdResult((required,), (TensorMeta(target, out),))
 
 

@@ -99,7 +99,7 @@ def test_reduction_local_op_gives_global_result(case):
 def test_softmax():
     x = meta((4, 6, 8), [S(0), S(2)], (2, 2))
     r = run("softmax", x, axis=2)
-    assert r.inputs[0].dims_mapping == ((0,), (), ())
+    assert r.inputs[0].dims_mapping == ((0, 1), (), ())  # mesh 1 moves onto dim 0 (all-to-all)
     assert len(r.outputs) == 1 and r.outputs[0].dist_attr == r.inputs[0]
     r = run("softmax", meta((4, 6), [R()]), meta((4, 6), [S(0)]), axis=1, num_outputs=1, op="softmax_grad")
     assert r.inputs[0].dims_mapping == ((0,), ()) == r.inputs[1].dims_mapping
