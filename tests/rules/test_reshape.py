@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from spmd_rules import (DistAttr, Flatten, InputDim, Partial, Replicate, Shard, Singleton, Split,
-                        TensorMeta, local_shape, local_slices, make_reshape_dim_trans)
+                        TensorMeta, local_shape, local_slices, make_reshape_dim_trans,
+                        reshard_cost)
 from rules_util import coords, meta, run
 
 S, R, P = Shard, Replicate, Partial
@@ -21,9 +22,13 @@ def test_dim_trans_examples():
         make_reshape_dim_trans((2, 3), (5,))
 
 
-def test_flatten_of_sharded_inner_dim_requires_replicate():
+def test_flatten_of_sharded_inner_dim_moves_to_the_leading_dim():
+    # the inner dim cannot stay sharded through the flatten: its mesh dim moves to dim 0 (one
+    # all-to-all) rather than being gathered, and the output stays sharded
     r = run("reshape", meta((8, 6), [S(1)]), shape=(48,))
-    assert r.inputs[0].is_replicated() and r.outputs[0].dist_attr.is_replicated()
+    assert r.inputs[0].dims_mapping == ((0,), ()) and r.outputs[0].dist_attr.dims_mapping == ((0,),)
+    assert reshard_cost((8, 6), 1, meta((8, 6), [S(1)]).dist_attr, r.inputs[0]) < \
+        reshard_cost((8, 6), 1, meta((8, 6), [S(1)]).dist_attr, DistAttr.replicated(2, (2,)))
 
 
 def test_flatten_of_sharded_leading_dim_survives():
@@ -42,8 +47,12 @@ def test_reshape_6_12_48(mesh, dim):
         (1, 2): (None, None), (1, 4): (None, None),  # not the leftmost dim of the Flatten
         (2, 2): ((0,), 1), (2, 4): (None, None),  # first Split piece 6 % 4 != 0
     }[(dim, mesh)]
-    if expected[0] is None:
-        assert r.inputs[0].is_replicated() and out.dist_attr.is_replicated()
+    if expected[0] is None:  # dim cannot stay sharded: the cheapest layout the rule keeps
+        src = meta((6, 12, 48), [S(dim)], (mesh,)).dist_attr
+        assert r.inputs[0] == run("reshape", TensorMeta((6, 12, 48), r.inputs[0]),
+                                  shape=(72, 6, 8)).inputs[0]
+        assert reshard_cost((6, 12, 48), 1, src, r.inputs[0]) <= \
+            reshard_cost((6, 12, 48), 1, src, DistAttr.replicated(3, (mesh,)))
     else:
         assert r.inputs[0].dims_mapping[dim] == (0,)
         assert out.dist_attr.dims_mapping[expected[1]] == (0,)
@@ -100,7 +109,7 @@ def test_squeeze_unsqueeze_flatten():
     r = run("squeeze", meta((4, 1, 6), [S(2)]), axis=(1,))
     assert r.outputs[0].shape == (4, 6) and r.outputs[0].dist_attr.dims_mapping == ((), (0,))
     r = run("squeeze", meta((4, 1, 6), [S(1)]), axis=())
-    assert r.outputs[0].shape == (4, 6) and r.inputs[0].is_replicated()
+    assert r.outputs[0].shape == (4, 6) and r.inputs[0].dims_mapping == ((0,), (), ())
     assert run("squeeze", meta((4, 1, 6), [R()]), axis=(0,)).outputs[0].shape == (4, 1, 6)
     r = run("unsqueeze", meta((4, 6), [S(1), P()], (2, 2)), axis=(0, 2))
     assert r.outputs[0].shape == (1, 4, 1, 6)
@@ -110,7 +119,7 @@ def test_squeeze_unsqueeze_flatten():
     r = run("flatten", meta((4, 6, 5), [S(1)], (3,)), start_axis=1, stop_axis=2)
     assert r.outputs[0].shape == (4, 30) and r.outputs[0].dist_attr.dims_mapping == ((), (0,))
     r = run("flatten", meta((4, 6, 5), [S(2)]), start_axis=0, stop_axis=2)
-    assert r.inputs[0].is_replicated()
+    assert r.inputs[0].dims_mapping == ((0,), (), ())  # all-to-all onto the leading dim
     assert run("flatten", meta((), [R()])).outputs[0].shape == (1,)
     with pytest.raises(ValueError, match="flatten.*start_axis"):
         run("flatten", meta((4, 6), [R()]), start_axis=1, stop_axis=0)
@@ -155,8 +164,11 @@ def _check_reshape(src, tgt, attr):
     r = run("reshape", TensorMeta(src, attr), shape=tgt)
     req, out = r.inputs[0], r.outputs[0].dist_attr
     assert req.partial == attr.partial == out.partial
-    for have, want in zip(attr.dims_mapping, req.dims_mapping):
-        assert have[:len(want)] == want  # only a prefix of each dim's mesh dims survives
+    # the required layout is one the rule keeps as it is, and no dearer than gathering
+    assert run("reshape", TensorMeta(src, req), shape=tgt).inputs[0] == req
+    plain = attr.without_partial()
+    assert reshard_cost(src, 1, plain, req.without_partial()) <= \
+        reshard_cost(src, 1, plain, DistAttr.replicated(len(src), attr.mesh_shape))
     g = np.arange(int(np.prod(src))).reshape(src)
     dense = g.reshape(tgt)
     for c in coords(attr.mesh_shape):
