@@ -4,7 +4,8 @@ placements drawn from Shard(each dim)/Replicate per mesh dim (all combinations u
 deterministic sample that keeps the all-replicated, single-shard, co-sharded and aligned cases)
 and Partial inputs built with ``dtensor_from_local``: forward values, input gradients (after
 backward of ``sum_i (out_i * W_i).sum()`` with fixed random W) and inputs written by the kernel
-(batch_norm's running statistics) equal the dense run of the same op on the global arrays, and
+(batch_norm's running statistics) equal the dense run of the same op on the global arrays (whose
+forward values are first checked against numpy alone: numpy_reference.py), and
 gradients arrive in their leaves' own mesh and placements. Ops with an inplace variant also run
 it on the distributed path (the target keeps its placements).
 
@@ -29,6 +30,7 @@ from disttensor.distributed.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.dispatch import apply, apply_inplace
 
+from numpy_reference import REFERENCES
 from oracle_util import (_rng, fmt_placements, grad_indices, make_inputs, op_cases,
                          partial_combos, placement_combos, run_case)
 
@@ -69,8 +71,13 @@ def _close(got, want, what: str, tol: float = 1e-9) -> None:
 
 
 def _dense_reference(op, arrays, attrs, wrng):
+    copies = [None if a is None else np.array(a, copy=True) for a in arrays]
     tensors, outs, weights = run_case(op, arrays, attrs, None, None, wrng)
     ref = {"out": [o.numpy() for o in outs], "weights": weights, "grads": {}, "mutated": {}}
+    # the dense run itself against numpy alone (numpy_reference.py)
+    for k, want in enumerate(REFERENCES[op.name](copies, attrs, ref["out"])):
+        np.testing.assert_allclose(ref["out"][k], want, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{op.name} output {k}: dense run vs numpy reference")
     # float32 anywhere (cast): Partial addends summed in float32 round at that precision
     low = [a for a in list(arrays) + ref["out"] if a is not None and np.asarray(a).dtype.kind == "f"
            and np.asarray(a).dtype.itemsize < 8]
