@@ -109,7 +109,33 @@ def make_reshape_dim_trans(src_shape: Sequence[int], tgt_shape: Sequence[int]) -
             shape = tuple(tgt[d] for d in t_dims)
             for k, d in enumerate(t_dims):
                 out[d] = Split(inner, shape, k)
+    _pair_unit_dims(src, tgt, out)
     return out
+
+
+def _pair_unit_dims(src: tuple[int, ...], tgt: tuple[int, ...], out: list[DimTrans]) -> None:
+    """Size-1 target dims take a size-1 source dim of the same gap between the grouped dims
+    (in order), so a sharding on a size-1 dim (one piece holds it, the others are empty)
+    survives the reshape; the rest stay Singleton."""
+    def gaps(shape: tuple[int, ...], is_group_start) -> list[list[int]]:
+        res: list[list[int]] = [[]]
+        for d, n in enumerate(shape):
+            if n == 1:
+                res[-1].append(d)
+            elif is_group_start(d):
+                res.append([])
+        return res
+
+    src_starts = {t.dim if isinstance(t, InputDim) else
+                  (t.inputs[0].dim if isinstance(t, Flatten) else None)
+                  for t in out if not isinstance(t, (Singleton, Split))}
+    src_starts |= {(t.input.dim if isinstance(t.input, InputDim) else t.input.inputs[0].dim)
+                   for t in out if isinstance(t, Split) and t.index == 0}
+    tgt_starts = {j for j, t in enumerate(out)
+                  if not isinstance(t, Singleton) and not (isinstance(t, Split) and t.index)}
+    for s_gap, t_gap in zip(gaps(src, src_starts.__contains__), gaps(tgt, tgt_starts.__contains__)):
+        for i, j in zip(s_gap, t_gap):
+            out[j] = InputDim(i)
 
 
 def _divisible_prefix(dims: tuple[int, ...], size: int, mesh_shape: Sequence[int]) -> tuple[int, ...]:

@@ -118,13 +118,17 @@ def _reshard_plan(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
 
 
 def _reshard_bwd(node, g):
-    # The gradient of the global value, laid out like the input without its Partial dims. No
-    # Partial(avg) scaling here: that belongs where the addends themselves are the variables
-    # (dtensor_from_local's backward).
+    # The gradient of the global value. On the same mesh it stays in the layout it arrives in
+    # (sharded gradients stay sharded; the leaf, or the next op's rule, decides where it must
+    # move), across meshes it goes back to the input's mesh laid out like the input without its
+    # Partial dims. No Partial(avg) scaling here: that belongs where the addends themselves are
+    # the variables (dtensor_from_local's backward).
     src_mesh, src_attr = node.attrs["src_mesh"], node.attrs["src_attr"]
     if src_attr is None:  # the input was dense: its gradient is the replicated value
         return _to_local(reshard_to(g, g._value.mesh, DistAttr.replicated(
             g.ndim, g._value.mesh.shape)))
+    if g.is_dist() and g._value.mesh == src_mesh:
+        return g
     return reshard_to(g, src_mesh, src_attr.without_partial())
 
 

@@ -458,3 +458,27 @@ def test_bad_distributed_inputs_raise_everywhere_before_communication():
             _raises_before_communication(lambda: apply_inplace(OPS["add"], (row, x), {}),
                                          "add_", "[1, 4]", "[3, 4]", "Shard(dim=1)")
         assert list(row.placements)[0] == Shard(1)
+
+
+def test_uneven_size_one_views_need_no_communication():
+    """[1, 2, 2, 2] as Shard(0) on 4 ranks (rank 0 holds it, the others hold empty pieces)
+    reshaped to (1, 2, 4), (1, 4, 2), (1, 8) and flattened: no collective, the output stays
+    Shard(0) and views the input's buffer; values and gradients against numpy."""
+    if WORLD != 4:
+        pytest.skip("needs 4 ranks")
+    mesh = make_mesh("4")
+    G = np.arange(8.0).reshape(1, 2, 2, 2)
+    for target in [(1, 2, 4), (1, 4, 2), (1, 8)]:
+        x = dt.shard_tensor(G, mesh, [Shard(0)], stop_gradient=False)
+        before = collectives.collective_counts()
+        y = dt.reshape(x, list(target))
+        assert collectives.collective_counts() == before
+        assert y.placements == [Shard(0)] and y._value.local.holder is x._value.local.holder
+        if x._local_array().size:
+            assert np.shares_memory(y._local_array(), x._local_array())
+        np.testing.assert_array_equal(y.numpy(), G.reshape(target))
+        W = np.arange(8.0).reshape(target) + 1
+        (y * dt.to_tensor(W)).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), W.reshape(G.shape))
+    f = dt.flatten(dt.shard_tensor(G, mesh, [Shard(0)]), 1, 3)
+    assert f.placements == [Shard(0)] and f.shape == [1, 8]

@@ -495,3 +495,24 @@ def test_reshard_property(case):
     mesh = ProcessMesh(MESHES[mesh_name][0])
     G = global_array(shape, seed=2)
     agree(run_case(G, mesh, src, dst, seed=7))
+
+
+def test_reshard_backward_keeps_the_gradient_sharded():
+    """A reshard's backward passes the gradient on in the layout it arrives in (same mesh):
+    two S(0) gradients of one replicated tensor add up sharded and are gathered once, for the
+    replicated leaf, instead of once per reshard."""
+    mesh = get_mesh("1") if world().size < 2 else get_mesh("2")
+    member = mesh.get_coord(world().rank) is not None
+    X = global_array((6, 4), seed=51) / 10
+    x = dt.shard_tensor(X, mesh, [Replicate()], stop_gradient=False)
+    h = x * 2.0
+    y1, y2 = dt.reshard(h, mesh, [Shard(0)]), dt.reshard(h, mesh, [Shard(0)])
+    loss = dt.exp(y1).sum() + (y2 * y2).sum()
+    before = collectives.collective_counts()
+    loss.backward()
+    moved = counts_delta(before)
+    assert x.grad.placements == [Replicate()]
+    if member and mesh.shape[0] > 1:
+        assert moved.get("all_gather", 0) == 1, moved
+    if member:
+        np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp(2 * X) + 8 * X, rtol=1e-12)

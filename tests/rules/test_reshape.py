@@ -15,7 +15,9 @@ def test_dim_trans_examples():
         Flatten(InputDim(0), InputDim(1)), Split(InputDim(2), (6, 8), 0), Split(InputDim(2), (6, 8), 1)]
     f = Flatten(InputDim(0), InputDim(1))
     assert make_reshape_dim_trans((2, 3), (3, 2)) == [Split(f, (3, 2), 0), Split(f, (3, 2), 1)]
-    assert make_reshape_dim_trans((1, 4, 1, 3), (4, 1, 3)) == [InputDim(1), Singleton(), InputDim(3)]
+    # size-1 dims pair with the size-1 dims of the same gap (a sharding on them survives)
+    assert make_reshape_dim_trans((1, 4, 1, 3), (4, 1, 3)) == [InputDim(1), InputDim(2), InputDim(3)]
+    assert make_reshape_dim_trans((1, 4, 3), (4, 1, 3)) == [InputDim(1), Singleton(), InputDim(2)]
     assert make_reshape_dim_trans((), (1, 1)) == [Singleton(), Singleton()]
     assert repr(f) == "Flatten(InputDim(dim=0), InputDim(dim=1))"
     with pytest.raises(ValueError):
@@ -187,6 +189,18 @@ def test_reshape_local_pieces_property(case):
 @given(reshape_cases())
 def test_identity_reshape_keeps_layout(case):
     src, _, attr = case
-    # a sharded size-1 dim is the one layout reshape does not carry over (it is a Singleton)
-    if int(np.prod(src)) and not any(s == 1 and dm for s, dm in zip(src, attr.dims_mapping)):
+    if int(np.prod(src)):  # size-1 dims included: each pairs with itself
         assert _check_reshape(src, src, attr) == attr
+
+
+@pytest.mark.parametrize("target", [(1, 2, 4), (1, 4, 2), (1, 8)])
+def test_uneven_size_one_shard_survives_views(target):
+    """PyTorch's uneven view cases: [1, 2, 2, 2] as S(0) on 4 ranks (one piece holds the dim,
+    three are empty) reshapes without communication and stays sharded on the size-1 dim."""
+    x = meta((1, 2, 2, 2), [S(0)], (4,))
+    r = run("reshape", x, shape=target)
+    assert r.inputs[0] == x.dist_attr
+    assert r.outputs[0].dist_attr.dims_mapping == ((0,),) + ((),) * (len(target) - 1)
+    _check_reshape((1, 2, 2, 2), target, x.dist_attr)
+    r = run("flatten", x, start_axis=1, stop_axis=3)
+    assert r.inputs[0] == x.dist_attr and r.outputs[0].dist_attr.dims_mapping == ((0,), ())
