@@ -36,26 +36,31 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
     never used (e.g. mesh dims on which a kept Partial lives).
 
     Without ``shapes``: the first input that shards a label decides it. With the inputs' global
-    ``shapes``: the map whose reshards move the fewest bytes
-    (:func:`~spmd_rules.redistribute.reshard_cost`), searched over every assignment of the mesh
-    dims the inputs shard to the labels (or to none): a mesh dim on a dim that cannot stay
+    ``shapes``: the first-wins map when it moves nothing, else the map whose reshards move the
+    fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`), searched over every
+    assignment of the mesh dims to the labels (or to none): a mesh dim on a dim that cannot stay
     sharded moves to another dim by an all-to-all when that beats the all-gather (layer_norm of
-    ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties keep the first-wins map, then
-    the map that shards more. Mesh dims no input shards stay unused."""
+    ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties go to the map that shards
+    more (``[S(0), R] + [S(1), R]`` co-shards dim 0 over both mesh dims for the same
+    all-to-all: a free local slice), then to the first-wins map."""
     order = [i for i, (n, a) in enumerate(zip(notations, attrs)) if n is not None and a is not None]
     excluded = frozenset(exclude)
     first = _first_wins(notations, attrs, excluded, order)
     if shapes is None:
         return first
+    first_cost = _cost(first, notations, attrs, shapes, order)
+    if not first_cost:  # nothing moves
+        return first
     labels = list(dict.fromkeys(lab for i in order for lab in notations[i] if lab is not None))
-    mesh_dims = sorted({m for i in order for dm in attrs[i].dims_mapping for m in dm} - excluded)
-    best_key, best = (_cost(first, notations, attrs, shapes, order), 0, -_n_used(first)), first
+    mesh_shape = attrs[order[0]].mesh_shape
+    mesh_dims = [m for m in range(len(mesh_shape)) if m not in excluded and mesh_shape[m] > 1]
+    best_key, best = (first_cost, -_n_used(first), 0), first
     for choice in itertools.product([None] + labels, repeat=len(mesh_dims)):
         merged: dict[Hashable, tuple[int, ...]] = {}
         for m, lab in zip(mesh_dims, choice):
             if lab is not None:
                 merged[lab] = merged.get(lab, ()) + (m,)
-        key = (_cost(merged, notations, attrs, shapes, order), 1, -_n_used(merged))
+        key = (_cost(merged, notations, attrs, shapes, order), -_n_used(merged), 1)
         if key < best_key:
             best_key, best = key, merged
     return best

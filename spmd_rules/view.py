@@ -1,4 +1,4 @@
-"""transpose, slicing and slicing's grad."""
+"""Slicing, slicing's grad and set_value."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -8,23 +8,7 @@ from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, register_rule,
 from .einsum import keep_cheapest
 from .dist_attr import DistAttr
 
-__all__ = ["transpose", "slice_", "slice_grad", "set_value", "parse_index"]
-
-
-@register_rule("transpose")
-def transpose(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
-    """input (x,), attrs perm (a permutation of range(ndim)). Output dim i takes x's dim perm[i]
-    with its sharding; nothing is resharded; Partial kept."""
-    op = op_name(attrs, "transpose")
-    require(metas, op, 1)
-    (x,) = metas
-    mesh_shape_of(op, metas)
-    perm = tuple(attrs.get("perm", ()))
-    if sorted(perm) != list(range(x.ndim)):
-        raise ValueError(f"{op}: perm={perm} is not a permutation of the {x.ndim} dims of x {x.shape}")
-    xa = x.dist_attr
-    out = xa.with_dims_mapping([xa.dims_mapping[p] for p in perm])
-    return SpmdResult((xa,), (TensorMeta(tuple(x.shape[p] for p in perm), out),))
+__all__ = ["slice_", "slice_grad", "set_value", "parse_index"]
 
 
 def parse_index(op: str, index: Sequence[Any], shape: Sequence[int]
