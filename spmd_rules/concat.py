@@ -40,7 +40,8 @@ def concat(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     notation = [None if d == axis else d for d in range(first.ndim)]
     partial = _shared_partial(metas)
     merged = merge_shardings([notation] * len(metas), [m.dist_attr for m in metas],
-                             {m for m, _ in partial}, [m.shape for m in metas])
+                             {m for m, _ in partial}, [m.shape for m in metas],
+                             [partial] * len(metas))
     attr = layout(notation, merged, mesh, partial)
     shape = list(first.shape)
     shape[axis] = sum(m.shape[axis] for m in metas)
@@ -61,7 +62,8 @@ def stack(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdR
     notation = list(range(len(shape)))
     partial = _shared_partial(metas)
     merged = merge_shardings([notation] * len(metas), [m.dist_attr for m in metas],
-                             {m for m, _ in partial}, [m.shape for m in metas])
+                             {m for m, _ in partial}, [m.shape for m in metas],
+                             [partial] * len(metas))
     attr = layout(notation, merged, mesh, partial)
     out_not = notation[:axis] + [None] + notation[axis:]
     out_shape = shape[:axis] + (len(metas),) + shape[axis:]

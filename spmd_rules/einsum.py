@@ -30,7 +30,8 @@ Notation = Sequence["Hashable | None"]
 
 def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAttr | None],
                     exclude: Iterable[int] = (),
-                    shapes: Sequence[Sequence[int] | None] | None = None
+                    shapes: Sequence[Sequence[int] | None] | None = None,
+                    partials: Sequence[Iterable[tuple[int, ReduceType]]] | None = None
                     ) -> dict[Hashable, tuple[int, ...]]:
     """Label -> mesh dims sharding it (split order: ascending). Mesh dims in ``exclude`` are
     never used (e.g. mesh dims on which a kept Partial lives).
@@ -42,13 +43,16 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
     sharded moves to another dim by an all-to-all when that beats the all-gather (layer_norm of
     ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties go to the map that shards
     more (``[S(0), R] + [S(1), R]`` co-shards dim 0 over both mesh dims for the same
-    all-to-all: a free local slice), then to the first-wins map."""
+    all-to-all: a free local slice), then to the first-wins map. ``partials[i]``: the partial
+    input i keeps (the rest of its Partial is resolved), so the cost counts the right steps
+    (a Shard becoming a kept Partial is free)."""
     order = [i for i, (n, a) in enumerate(zip(notations, attrs)) if n is not None and a is not None]
     excluded = frozenset(exclude)
     first = _first_wins(notations, attrs, excluded, order)
     if shapes is None:
         return first
-    first_cost = _cost(first, notations, attrs, shapes, order)
+    kept = [()] * len(attrs) if partials is None else [tuple(p) for p in partials]
+    first_cost = _cost(first, notations, attrs, shapes, order, kept)
     if not first_cost:  # nothing moves
         return first
     labels = list(dict.fromkeys(lab for i in order for lab in notations[i] if lab is not None))
@@ -60,7 +64,7 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
         for m, lab in zip(mesh_dims, choice):
             if lab is not None:
                 merged[lab] = merged.get(lab, ()) + (m,)
-        key = (_cost(merged, notations, attrs, shapes, order), -_n_used(merged), 1)
+        key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
         if key < best_key:
             best_key, best = key, merged
     return best
@@ -84,12 +88,14 @@ def _n_used(merged) -> int:
     return sum(len(dm) for dm in merged.values())
 
 
-def _cost(merged, notations, attrs, shapes, order) -> int:
-    """Elements the present inputs' reshards to ``merged`` receive (Partial ignored)."""
+def _cost(merged, notations, attrs, shapes, order, kept) -> int:
+    """Elements the present inputs' reshards to ``merged`` (keeping ``kept`` partials)
+    receive."""
     total = 0
     for i in order:
-        a = attrs[i].without_partial()
-        total += reshard_cost(tuple(shapes[i]), 1, a, layout(notations[i], merged, a.mesh_shape))
+        a = attrs[i]
+        want = layout(notations[i], merged, a.mesh_shape, kept[i])
+        total += reshard_cost(tuple(shapes[i]), 1, a, want)
     return total
 
 
@@ -99,7 +105,7 @@ def keep_cheapest(meta, shardable: Sequence[bool]) -> DistAttr:
     moves fewer bytes; the input's Partial mesh dims are kept as they are."""
     a = meta.dist_attr
     notation = [d if ok else None for d, ok in enumerate(shardable)]
-    merged = merge_shardings([notation], [a], a.partial_dims(), [meta.shape])
+    merged = merge_shardings([notation], [a], a.partial_dims(), [meta.shape], [a.partial])
     return layout(notation, merged, a.mesh_shape, a.partial)
 
 

@@ -74,7 +74,7 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     kept, out_partial = _kept_partials(op, metas, attrs)
     exclude = {m for p in kept for m, _ in p}
     merged = merge_shardings(notations, [m.dist_attr for m in metas], exclude,
-                             [m.shape for m in metas])
+                             [m.shape for m in metas], kept)
     inputs = tuple(layout(n, merged, mesh, p) for n, p in zip(notations, kept))
     out = layout(range(len(out_shape)), merged, mesh, out_partial)
     return SpmdResult(inputs, (TensorMeta(out_shape, out),) * int(attrs.get("num_outputs", 1)))

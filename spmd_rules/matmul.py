@@ -58,7 +58,8 @@ def matmul(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     x_keep = xa.partial if x_lin else ()
     y_keep = ya.partial if y_lin else ()
     exclude = {md for md, _ in x_keep + y_keep}
-    merged = merge_shardings([x_not, y_not], [xa, ya], exclude, [x.shape, y.shape])
+    merged = merge_shardings([x_not, y_not], [xa, ya], exclude, [x.shape, y.shape],
+                             [x_keep, y_keep])
     out = layout(out_not, merged, mesh, list(x_keep + y_keep) + contracted_partial(merged, out_not))
     return SpmdResult((layout(x_not, merged, mesh, x_keep), layout(y_not, merged, mesh, y_keep)),
                       (TensorMeta(out_shape, out),))
