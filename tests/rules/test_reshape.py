@@ -204,3 +204,13 @@ def test_uneven_size_one_shard_survives_views(target):
     _check_reshape((1, 2, 2, 2), target, x.dist_attr)
     r = run("flatten", x, start_axis=1, stop_axis=3)
     assert r.inputs[0] == x.dist_attr and r.outputs[0].dist_attr.dims_mapping == ((0,), ())
+
+
+def test_flatten_of_sequence_sharded_activation_without_a_gather():
+    """[6, seq, 3] as S(1) flattened to [6*seq, 3]: the seq shard cannot survive the flatten;
+    it moves to dim 0 by one all-to-all (no all-gather) and the output stays sharded."""
+    from spmd_rules import plan_same_mesh
+    x = meta((6, 5, 3), [S(1)])
+    r = run("flatten", x, start_axis=0, stop_axis=1)
+    assert r.outputs[0].shape == (30, 3) and r.outputs[0].dist_attr.dims_mapping == ((0,), ())
+    assert [s.kind for s in plan_same_mesh((6, 5, 3), 4, x.dist_attr, r.inputs[0])] == ["all_to_all"]
