@@ -214,3 +214,16 @@ def test_flatten_of_sequence_sharded_activation_without_a_gather():
     r = run("flatten", x, start_axis=0, stop_axis=1)
     assert r.outputs[0].shape == (30, 3) and r.outputs[0].dist_attr.dims_mapping == ((0,), ())
     assert [s.kind for s in plan_same_mesh((6, 5, 3), 4, x.dist_attr, r.inputs[0])] == ["all_to_all"]
+
+
+@pytest.mark.parametrize("target", [(192,), (12, 2, 8), (8, 6, 4)])
+def test_co_sharded_reshape_keeps_four_way_sharding(target):
+    """[4, 6, 8] as [S(0), S(1)] on 2x2 (Paddle's co-shard cases): the output stays 4-way
+    co-sharded on its first dim; mesh dim 1 moves onto dim 0 by one all-to-all (cheaper than
+    the all-gather the dim-1 shard would otherwise need); values checked per coordinate."""
+    from spmd_rules import plan_same_mesh
+    x = meta((4, 6, 8), [S(0), S(1)], (2, 2))
+    r = run("reshape", x, shape=target)
+    assert r.outputs[0].dist_attr.dims_mapping[0] == (0, 1)
+    assert [s.kind for s in plan_same_mesh((4, 6, 8), 4, x.dist_attr, r.inputs[0])] == ["all_to_all"]
+    _check_reshape((4, 6, 8), target, x.dist_attr)
