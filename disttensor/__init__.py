@@ -31,11 +31,13 @@ __version__ = "0.1.0"
 from . import io  # noqa: E402
 from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
 from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402
-                       LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
+                       LazyGuard, LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
                        PrepareLayerOutput, ReduceOp, RowWiseParallel, RowwiseParallel,
+                       ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer,
                        SequenceParallel, SequenceParallelBegin, SequenceParallelDisable,
                        SequenceParallelEnable, SequenceParallelEnd, ShardDataloader, all_gather,
                        all_reduce, barrier, broadcast, distribute_tensor, dtensor_from_fn,
+                       fully_shard,
                        get_mesh, init_device_mesh, local_map, new_group, parallelize,
                        parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
                        shard_layer)

@@ -3,19 +3,17 @@ public functions ``grad`` and ``backward`` (Paddle's ``paddle.grad`` / ``paddle.
 
 The engine counts dependencies, then runs each grad node's backward (built from registered ops,
 so it dispatches through the same seam and rules as the forward) once all its output grads have
-arrived. A leaf's gradient is resharded to the leaf's own mesh and placements — a replicated
-weight under data parallelism gets its Partial gradient all-reduced: data-parallel gradient sync
-for free.
+arrived. A leaf's gradient is resharded to the leaf's gradient layout (its own mesh and
+placements unless a policy says otherwise, :mod:`disttensor.grad_sync`) — a replicated weight
+under data parallelism gets its Partial gradient all-reduced, in buckets: data-parallel gradient
+sync for free.
 """
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from spmd_rules import DistAttr
-
-from .distributed.api import reshard_to, _to_local
-from .distributed.dist_tensor import DistTensor
-from .ops import cast, ones_like
+from .grad_sync import sync_leaf_grads, to_leaf_layout
+from .ops import ones_like
 from .schema import public
 from .tape import (GradNode, _GradMode, edge, enable_grad, is_grad_enabled,  # noqa: F401
                    no_grad, set_grad_enabled)
@@ -23,22 +21,6 @@ from .tensor import Tensor
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad",
            "backward", "run_backward", "to_leaf_layout"]
-
-
-def to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
-    """A leaf's gradient in the leaf's layout: its mesh and placements (a Partial gradient of a
-    replicated weight becomes an all-reduce), dense for a dense leaf; in the leaf's dtype."""
-    lv = leaf._value
-    if type(lv) is DistTensor:
-        if type(g._value) is not DistTensor or g._value.mesh != lv.mesh \
-                or g._value.dist_attr != lv.dist_attr:
-            g = reshard_to(g, lv.mesh, lv.dist_attr)
-    elif g.is_dist():
-        gv = g._value
-        g = _to_local(reshard_to(g, gv.mesh, DistAttr.replicated(g.ndim, gv.mesh.shape)))
-    if g.dtype != leaf.dtype:
-        g = cast(g, leaf.dtype)
-    return g
 
 
 def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
@@ -113,9 +95,10 @@ def _backward(roots, root_grads, retain_graph, inputs):
                 if t._node is None and id(t) in leaf_grads:
                     result[i] = leaf_grads[id(t)]
             return result
-        for k, g in leaf_grads.items():
+        order = list(leaf_grads)
+        synced = sync_leaf_grads([leaves[k] for k in order], [leaf_grads[k] for k in order])
+        for k, g in zip(order, synced):
             leaf = leaves[k]
-            g = to_leaf_layout(leaf, g)
             leaf.grad = g if leaf.grad is None else leaf.grad + g
     return None
 

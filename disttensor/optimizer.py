@@ -10,6 +10,10 @@ float64 tensors updated by the kernel. The learning rate enters each step as a `
 read when the update runs, so a captured step picks up ``set_lr`` and schedulers on replay. A
 parameter's ``optimize_attr["learning_rate"]`` (from ``ParamAttr``) multiplies the learning rate.
 
+``dt.shard_optimizer(opt, shard_fn)`` sets a ``shard_fn(accumulator_name, param, state)`` that
+lays out each state tensor when it is created (ZeRO's stages shard them over the data-parallel
+mesh dim); the fused update then runs in the merged layout of its inputs.
+
 ``weight_decay`` (a float) is L2 regularization for SGD/Momentum/Adam (``grad += wd * param``) and
 decoupled decay for AdamW (``param *= 1 - lr * wd`` before the Adam update), as in Paddle.
 """
@@ -30,7 +34,16 @@ __all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW"]
 
 
 class Optimizer:
-    """Base class: holds the parameters, the learning rate and per-parameter state tensors."""
+    """Base class: holds the parameters, the learning rate and per-parameter state tensors.
+    ``step`` issues no collective of its own: each fused update runs in the layout of its
+    inputs (a ZeRO-sharded state makes it an update of the dp slice plus an all-gather of the
+    parameter).
+
+    Example::
+
+        opt = dt.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+        loss.backward(); opt.step(); opt.clear_grad()
+    """
 
     _accumulator_names: tuple[str, ...] = ()
 
@@ -56,6 +69,7 @@ class Optimizer:
         # accumulator name -> id(param) -> state Tensor
         self._accumulators: dict[str, dict[int, Tensor]] = {n: {} for n in
                                                            self._accumulator_names}
+        self._shard_fn: Callable[[str, Tensor, Tensor], Tensor] | None = None
 
     def _check_lr(self, lr: Any) -> float:
         if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating)):
@@ -102,16 +116,40 @@ class Optimizer:
         """A fresh state tensor (zeros laid out like the parameter)."""
         return zeros_like(p)
 
+    def _set_shard_fn(self, shard_fn: Callable[[str, Tensor, Tensor], Tensor] | None) -> None:
+        """Lay out states with ``shard_fn`` from now on; existing states are laid out now."""
+        self._shard_fn = shard_fn
+        if shard_fn is None:
+            return
+        by_id = {id(p): p for p in self._parameter_list}
+        for name, store in self._accumulators.items():
+            for k, acc in list(store.items()):
+                new = shard_fn(name, by_id[k], acc)
+                new.name = acc.name
+                store[k] = new
+
     def _acc(self, name: str, p: Tensor) -> Tensor:
         store = self._accumulators[name]
         acc = store.get(id(p))
         if acc is None:
-            acc = store[id(p)] = self._new_acc(name, p)
+            acc = self._new_acc(name, p)
+            if self._shard_fn is not None:
+                acc = self._shard_fn(name, p, acc)
+            store[id(p)] = acc
             acc.name = f"{p._label()}_{name}_0"  # Paddle's accumulator names
             note_undo(lambda: store.pop(id(p), None))  # a failed capture forgets it
         return acc
 
     # -- state ----------------------------------------------------------------------------------
+    def create_states(self) -> None:
+        """Create every trainable parameter's state tensors now, as its first update would
+        (zeros, laid out by the ``shard_fn`` if any): the targets a checkpoint is loaded into
+        (``dt.load_state_dict({"opt": opt.state_dict()}, path)``) before training resumes."""
+        for p in self._parameter_list:
+            if not p.stop_gradient:
+                for name in self._accumulator_names:
+                    self._acc(name, p)
+
     def state_dict(self) -> dict[str, Any]:
         """``"<param name>_<accumulator>_0"`` -> state tensor (the live tensor), as in Paddle;
         Adam's beta powers (``b**t`` after t steps) are one-element float64 tensors
@@ -148,7 +186,12 @@ class Optimizer:
 class SGD(Optimizer):
     """Stochastic gradient descent, with optional (Nesterov) momentum as in Paddle's Momentum:
     ``v = momentum * v + g``; ``param -= lr * v`` (Nesterov: ``param -= lr * (g + momentum * v)``);
-    ``g`` includes the L2 term ``weight_decay * param``."""
+    ``g`` includes the L2 term ``weight_decay * param``.
+
+    Example::
+
+        opt = dt.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    """
 
     def __init__(self, learning_rate: float = 0.001, parameters: Iterable[Tensor] | None = None,
                  weight_decay: float | None = None, momentum: float = 0.0,
@@ -171,7 +214,12 @@ class SGD(Optimizer):
 
 
 class Momentum(SGD):
-    """Paddle's ``Momentum`` optimizer: :class:`SGD` with ``momentum`` (default 0.9)."""
+    """Paddle's ``Momentum`` optimizer: :class:`SGD` with ``momentum`` (default 0.9).
+
+    Example::
+
+        opt = dt.optimizer.Momentum(0.1, momentum=0.9, parameters=model.parameters())
+    """
 
     def __init__(self, learning_rate: float = 0.001, momentum: float = 0.9,
                  parameters: Iterable[Tensor] | None = None, use_nesterov: bool = False,
@@ -182,7 +230,12 @@ class Momentum(SGD):
 class Adam(Optimizer):
     """Adam: ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*g*g``,
     ``param -= lr * m_hat / (sqrt(v_hat) + epsilon)`` with bias-corrected ``m_hat``, ``v_hat``;
-    ``g`` includes the L2 term ``weight_decay * param``."""
+    ``g`` includes the L2 term ``weight_decay * param``.
+
+    Example::
+
+        opt = dt.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
+    """
 
     _accumulator_names = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc")
 
@@ -215,7 +268,12 @@ class Adam(Optimizer):
 
 class AdamW(Adam):
     """Adam with decoupled weight decay: ``param *= 1 - lr * weight_decay`` (for parameters
-    that ``apply_decay_param_fun(name)`` accepts, default all), then the Adam update."""
+    that ``apply_decay_param_fun(name)`` accepts, default all), then the Adam update.
+
+    Example::
+
+        opt = dt.optimizer.AdamW(1e-3, parameters=model.parameters(), weight_decay=0.01)
+    """
 
     def __init__(self, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, parameters: Iterable[Tensor] | None = None,

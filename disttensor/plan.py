@@ -46,6 +46,9 @@ class Instr:
     label: str = ""
     nbytes: int = 0
     collectives: tuple[str, ...] = ()
+    # a kernel instruction whose fn is ``op.kernel(xp, *arrays, **kwargs)``: the bound keyword
+    # arguments (local attrs and context), so a replay can call the kernel directly
+    kwargs: dict | None = None
 
     @property
     def communicates(self) -> bool:

@@ -9,9 +9,11 @@ Differences from the guide, all outside the program's structure: ``paddle`` is `
 and ``paddle.io`` is ``disttensor.io``; the mesh is 2 x 2 (the guide's is 2 x 4); the sizes
 are arguments (the guide's are the defaults); the dataset draws each sample from a generator
 seeded by its index (the guide's ``np.random.uniform`` gives each rank different numbers, so
-no run could be compared with the dense one); ``LazyGuard`` and ``p.initialize()`` are left
-out until disttensor has them; and ``sharding_level`` 1 runs as plain data parallelism until
-``shard_optimizer`` lands. ``--dense`` skips the mesh, ``parallelize`` and ``shard_dataloader``.
+no run could be compared with the dense one). ``sharding_level`` 1 is ZeRO stage 1 on "dp"
+(AdamW's moments sharded). The model is built under ``LazyGuard``: ``parallelize`` samples
+each rank's pieces, ``p.initialize()`` then has nothing left to do (with ``--dense`` it
+samples the whole parameters). ``--dense`` skips the mesh, ``parallelize`` and
+``shard_dataloader``.
 """
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ def main(argv=None) -> list[float]:
         mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "mp"])
         dist.set_mesh(mesh)
 
-    model = MlpModel(args.hidden, args.inter)
+    with paddle.LazyGuard():
+        model = MlpModel(args.hidden, args.inter)
     opt = paddle.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
     if not args.dense:
         parallel_config = {
@@ -77,6 +80,8 @@ def main(argv=None) -> list[float]:
                                                "w1": dist.RowWiseParallel()}},
         }
         model, opt = dist.parallelize(model, opt, config=parallel_config)
+    for p in model.parameters():
+        p.initialize()
 
     dataset = RandomDataset(args.seq_len, args.hidden, args.num_samples)
     sampler = BatchSampler(dataset, batch_size=args.batch_size)

@@ -1,9 +1,13 @@
 """The main job: train an MLP with BatchNorm1D and a small GPT on synthetic tasks, written as for
-one process and distributed with ``shard_tensor`` on a [dp, mp] mesh (Megatron-style column/row
-weights, batch on dp).
+one process and distributed on a [dp, mp] mesh (Megatron-style column/row weights, batch on dp):
+the GPT by a ``parallelize`` plan, the MLP by a ``shard_layer`` function (its batch norm is
+channel-parallel, which no plan names).
 
     mpirun -n 4 python examples/train.py              # 2 x 2 mesh, both models
     mpirun -n 4 python examples/train.py --to-static  # the same, each step a captured program
+    mpirun -n 4 python examples/train.py --sharding 2 # ZeRO stage 2 on dp
+    mpirun -n 4 python examples/train.py --steps 20 --save ckpt    # checkpoint at the end
+    mpirun -n 2 python examples/train.py --steps 50 --resume ckpt  # go on (any world size)
     python examples/train.py                          # one process (1 x 1 mesh)
     python examples/train.py --dense                  # plain dense tensors, no mesh at all
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -100,14 +105,15 @@ def shard_mlp(name: str, layer: nn.Layer, mesh: dt.ProcessMesh) -> None:
     _apply_plan(plan.get(name, {}), layer, mesh)
 
 
-def shard_gpt(name: str, layer: nn.Layer, mesh: dt.ProcessMesh) -> None:
-    """Vocab-parallel embedding and head, column q/k/v/fc1, row proj/fc2, replicated norms."""
-    leaf = name.rsplit(".", 1)[-1]
-    plan = {"wte": {"weight": ROW}, "head": {"weight": COL},
-            "q": {"weight": COL, "bias": ROW}, "k": {"weight": COL, "bias": ROW},
-            "v": {"weight": COL, "bias": ROW}, "fc1": {"weight": COL, "bias": ROW},
-            "proj": {"weight": ROW}, "fc2": {"weight": ROW}}
-    _apply_plan(plan.get(leaf, {}), layer, mesh)
+# Vocab-parallel embedding and head, column q/k/v/fc1, row proj/fc2; the rest replicated.
+GPT_PLAN = {
+    "wte": dt.RowWiseParallel(),
+    r"blocks\.\d+\.attn\.(q|k|v)": dt.ColWiseParallel(),
+    r"blocks\.\d+\.attn\.proj": dt.RowWiseParallel(),
+    r"blocks\.\d+\.fc1": dt.ColWiseParallel(),
+    r"blocks\.\d+\.fc2": dt.RowWiseParallel(),
+    "head": dt.ColWiseParallel(),
+}
 
 
 def _apply_plan(plan: dict, layer: nn.Layer, mesh: dt.ProcessMesh) -> None:
@@ -135,25 +141,39 @@ def gpt_data(rng, n: int, seq: int, vocab: int):
 
 # -- training ---------------------------------------------------------------------------------
 
+#: model sizes: MLP (din, hidden, classes), GPT (vocab, seq, d, heads, layers)
+SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
+         "large": {"mlp": (256, 1024, 64), "gpt": (256, 32, 128, 4, 2)}}
+
+
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
-          dtype: str = "float32"):
-    """(model, optimizer, batches): the model placed on ``mesh`` (dense without one), AdamW,
-    and the four global (x, y) batches the steps cycle through."""
+          dtype: str = "float32", size: str = "default", sharding: int = 0):
+    """(model, optimizer, batches): the model of ``SIZES[size]`` placed on ``mesh`` (dense
+    without one), AdamW (ZeRO stage ``sharding`` on the dp mesh dim when > 0), and the four
+    global (x, y) batches the steps cycle through."""
     dt.seed(seed)
     rng = np.random.default_rng(seed)
+    dims = SIZES[size][model_name]
     if model_name == "mlp":
-        model, shard_fn, lr = MLP(16, 32, 8), shard_mlp, 1e-2
-        x_all, y_all = mlp_data(rng, batch * 4, 16, 8)
+        model, lr = MLP(*dims), 1e-2
+        x_all, y_all = mlp_data(rng, batch * 4, dims[0], dims[2])
     else:
-        model, shard_fn, lr = GPT(64, 16, 32, 4, 2), shard_gpt, 3e-3
-        x_all, y_all = gpt_data(rng, batch * 4, 16, 64)
+        model, lr = GPT(*dims), 3e-3
+        x_all, y_all = gpt_data(rng, batch * 4, dims[1], dims[0])
     if dtype != "float32":
         model.to(dtype=dtype)
         if model_name == "mlp":
             x_all = x_all.astype(dtype)
-    if mesh is not None:
-        dt.shard_layer(model, mesh, shard_fn)
+    if mesh is not None and model_name == "mlp":
+        dt.shard_layer(model, mesh, shard_mlp)
+    elif mesh is not None:
+        dt.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": GPT_PLAN}})
     opt = dt.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.01)
+    if sharding:
+        if mesh is None:
+            raise SystemExit("train.py: --sharding needs a mesh (drop --dense)")
+        stage = (dt.ShardingStage1, dt.ShardingStage2, dt.ShardingStage3)[sharding - 1]
+        opt = dt.shard_optimizer(opt, stage("dp", mesh))
     batches = [(x_all[k * batch:(k + 1) * batch], y_all[k * batch:(k + 1) * batch])
                for k in range(4)]
     return model, opt, batches
@@ -176,14 +196,42 @@ def train_step(model: nn.Layer, opt, x, y):
     return loss
 
 
+def _checkpoint(model: nn.Layer, opt, step: int) -> dict:
+    """Everything a resumed run needs: parameters and buffers, optimizer states (ZeRO-sharded
+    ones as they are), the step count and the global generator (dropout's masks)."""
+    gen = dt.ops.creation.default_generator.rng.bit_generator
+    states = opt.state_dict()  # keyed by parameters' unique names: key by structured names
+    by_param = {}
+    for sname, p in model.named_parameters():
+        prefix = p.name + "_"
+        by_param.update({sname + "." + k[len(prefix):]: v for k, v in states.items()
+                         if k.startswith(prefix)})
+    return {"model": model.state_dict(), "opt": by_param, "step": step,
+            "generator": json.dumps(gen.state)}
+
+
+def resume(path: str, model: nn.Layer, opt) -> int:
+    """Load a checkpoint written by ``--save`` into ``model`` and ``opt`` (resharding to their
+    layouts) and restore the generator; returns the step it was saved at."""
+    opt.create_states()
+    state = _checkpoint(model, opt, 0)
+    dt.load_state_dict(state, path)
+    dt.ops.creation.default_generator.rng.bit_generator.state = json.loads(state["generator"])
+    return int(state["step"])
+
+
 def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
-    model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype)
+    model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype,
+                                sharding=args.sharding)
+    first = 1
+    if args.resume:
+        first = resume(os.path.join(args.resume, model_name), model, opt) + 1
     step_fn = lambda x, y: train_step(model, opt, x, y)  # noqa: E731
     if args.to_static:  # captured once (twice: the first step creates the optimizer states)
         step_fn = dt.jit.to_static(step_fn)
     losses, t_start = [], time.perf_counter()
     rank0 = dt.get_rank() == 0
-    for step in range(1, args.steps + 1):
+    for step in range(first, args.steps + 1):
         t0 = time.perf_counter()
         x, y = to_tensors(*batches[(step - 1) % 4], mesh)
         loss = step_fn(x, y)
@@ -195,12 +243,15 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
                   f"step time {dt_step * 1e3:7.2f} ms  {args.batch / dt_step:9.1f} samples/s",
                   flush=True)
     total = time.perf_counter() - t_start
+    if args.save:
+        dt.save_state_dict(_checkpoint(model, opt, args.steps),
+                           os.path.join(args.save, model_name))
     if rank0 and args.to_static and args.print_program:
         print(step_fn.program)
-    if rank0:
-        print(f"[{model_name}] done: {args.steps} steps in {total:.2f} s, loss "
+    if rank0 and losses:
+        print(f"[{model_name}] done: steps {first}..{args.steps} in {total:.2f} s, loss "
               f"{losses[0]:.4f} -> {losses[-1]:.4f}, "
-              f"{args.steps * args.batch / total:.1f} samples/s", flush=True)
+              f"{len(losses) * args.batch / total:.1f} samples/s", flush=True)
     return losses
 
 
@@ -229,6 +280,12 @@ def main(argv=None) -> dict:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--log-interval", type=int, default=10)
+    p.add_argument("--sharding", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="ZeRO stage on the dp mesh dim (shard_optimizer)")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="after the last step, save a checkpoint per model under DIR")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="resume from the checkpoints in DIR (any mesh or world size)")
     p.add_argument("--loss-out", default=None, help="write the loss curves as JSON here")
     args = p.parse_args(argv)
     if args.device == "gpu":

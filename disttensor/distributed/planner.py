@@ -41,10 +41,11 @@ class DistKernelCtx(KernelCtx):
     """KernelCtx for this rank's pieces: offsets and global shapes from the required layouts,
     all-reduces over the mesh dims that shard the named axes."""
 
-    __slots__ = ("metas", "mesh", "coord")
+    __slots__ = ("metas", "mesh", "coord", "_offsets")
 
     def __init__(self, metas, mesh: ProcessMesh, coord):
         self.metas, self.mesh, self.coord = metas, mesh, coord
+        self._offsets: dict = {}  # input index -> this rank's offsets (plans are cached)
 
     def allreduce(self, arr, op: str, input_index: int, axes):
         attr = self.metas[input_index].dist_attr
@@ -54,8 +55,12 @@ class DistKernelCtx(KernelCtx):
         return group_over(self.mesh, dims).all_reduce(arr, op)
 
     def offset(self, input_index: int, axis: int) -> int:
-        meta = self.metas[input_index]
-        return local_offset(meta.shape, meta.dist_attr, self.coord)[axis]
+        offsets = self._offsets.get(input_index)
+        if offsets is None:
+            meta = self.metas[input_index]
+            offsets = self._offsets[input_index] = local_offset(meta.shape, meta.dist_attr,
+                                                                self.coord)
+        return offsets[axis]
 
     def global_shape(self, input_index: int, local_shape_: tuple[int, ...]) -> tuple[int, ...]:
         return self.metas[input_index].shape
@@ -245,16 +250,21 @@ def _kernel_instr(op: OpDef, local: dict, ctx, args: tuple, outs: tuple, writes:
                   direct_out: int | None) -> Instr:
     kernel = op.kernel
     collectives = tuple(ctx.collectives()) if ctx is not None else ()
+    kwargs = None
     if direct_out is not None:
         fn = _bind_out(kernel, local, ctx, args.index(direct_out) if direct_out in args else 0)
     elif ctx is not None:
+        kwargs = {**local, "ctx": ctx}
+
         def fn(xp, *arrays):
             return kernel(xp, *arrays, ctx=ctx, **local)
     else:
+        kwargs = local
+
         def fn(xp, *arrays):
             return kernel(xp, *arrays, **local)
     return Instr("kernel", fn, args, outs, writes=writes, label=op.name,
-                 collectives=collectives)
+                 collectives=collectives, kwargs=kwargs)
 
 
 def _bind_out(kernel, local: dict, ctx, target: int):

@@ -49,7 +49,7 @@ def _arg_signature(a: Any) -> tuple:
     if isinstance(a, Tensor):
         v = a._value
         place = (id(v.mesh), id(v.dist_attr)) if type(v) is DistTensor else "dense"
-        return ("T", tuple(v.shape), str(np.dtype(a.dtype)), place, a.stop_gradient)
+        return ("T", v.shape, v.dtype, place, a.stop_gradient)
     if isinstance(a, float) and not isinstance(a, bool):
         return ("f",)
     if isinstance(a, (int, bool, str, type(None), bytes)):
@@ -163,9 +163,10 @@ class StaticFunction:
     docstring). ``programs`` maps signatures to their :class:`Program`; ``captures`` counts
     captures; ``program`` is the latest one."""
 
-    def __init__(self, fn: Callable, name: str | None = None):
+    def __init__(self, fn: Callable, name: str | None = None, plan_memory: bool = True):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "step")
+        self.plan_memory = plan_memory
         self.programs: dict[tuple, Program] = {}
         self.captures = 0
         self.program: Program | None = None
@@ -207,6 +208,7 @@ class StaticFunction:
                 raise CaptureError(f"to_static({self.name}): capturing the step failed{where}: "
                                    f"{type(e).__name__}: {e}") from e
         prog = build_program(self.name, cap.records, cap.phases, tensors, kinds, xp)
+        prog.plan_memory = self.plan_memory
         _bind_results(prog, result, tensors, cap)
         made = {id(t): weakref.ref(t) for rec in cap.records for t in rec.outputs
                 if not any(t is x for x in rec.inputs)}  # not the inputs an op updated
@@ -266,7 +268,7 @@ def _bind_results(prog: Program, result: Any, tensors: list, cap: _Capture) -> N
         if t.grad is not before:
             target = next((("arg", k) for k, a in enumerate(tensors) if a is t), ("ext", t))
             prog.grads.append((target, None if t.grad is None else ref(t.grad)))
-    prog.guards = [(t, tuple(t._value.shape), np.dtype(t.dtype), _layout_key(t),
+    prog.guards = [(t, t._value, tuple(t._value.shape), np.dtype(t.dtype), _layout_key(t),
                     t.grad is None) for _, t in prog.externals]
 
 
@@ -290,10 +292,12 @@ def _stale(prog: Program) -> str | None:
     tensors it reads by reference no longer fit it."""
     if prog.provisional:
         return prog.provisional
-    for t, shape, dtype, layout, grad_none in prog.guards:
-        if tuple(t._value.shape) != shape or np.dtype(t.dtype) != dtype \
-                or _layout_key(t) != layout:
-            return f"tensor {t._label()} changed shape, dtype or layout"
+    for k, (t, value, shape, dtype, layout, grad_none) in enumerate(prog.guards):
+        if t._value is not value:  # value objects never change: compare only a new one
+            if tuple(t._value.shape) != shape or np.dtype(t.dtype) != dtype \
+                    or _layout_key(t) != layout:
+                return f"tensor {t._label()} changed shape, dtype or layout"
+            prog.guards[k] = (t, t._value, shape, dtype, layout, grad_none)
         if (t.grad is None) != grad_none:
             return f"tensor {t._label()} {'has' if grad_none else 'lost'} a gradient at entry"
     return None
@@ -310,18 +314,12 @@ def _wrap(prog: Program, vid: int, arr) -> Tensor:
 def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
     tensors, _, _, _ = _flatten_args(args, kwargs)
     fwd, bwd = prog.split()
-    regs: dict[int, Any] = {}
-    for vid, t in zip(prog.data, tensors):
-        regs[prog.values[vid].reg] = t._local_array()
-    for vid, t in prog.externals:
-        regs[prog.values[vid].reg] = t._local_array()
+    regs: dict[int, Any] = {reg: t._local_array() for reg, t in zip(prog.data_regs, tensors)}
+    regs.update((reg, t._local_array()) for reg, t in prog.external_regs)
     for sub in (fwd, bwd):
-        outs = sub.fn(*[regs[r] for r in sub.arg_regs])
-        regs.update(zip(sub.out_regs, outs))
-    for vid, t in prog.externals:
-        n = prog.external_writes.get(vid)
-        if n:
-            t._local_dense().holder.version += n
+        regs.update(zip(sub.out_regs, sub.fn(regs)))
+    for t, n in prog.version_bumps:
+        t._local_dense().holder.version += n
 
     def get(ref):
         kind = ref[0] if isinstance(ref, tuple) else "vid"
@@ -329,7 +327,11 @@ def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
             return tensors[ref[1]]
         if kind == "tensor":
             return ref[1]
-        return _wrap(prog, ref, regs[prog.values[ref].reg])
+        arr = regs[prog.values[ref].reg]
+        if prog.arena is not None and arr.base is not None and dispatch.xp_of(arr) \
+                .may_share_memory(arr, prog.arena):  # an undeclared alias of a planned buffer
+            arr = arr.copy()
+        return _wrap(prog, ref, arr)
 
     def build(node):
         kind, x = node
@@ -346,17 +348,19 @@ def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
     return build(prog.result)
 
 
-def to_static(fn: Callable | Any = None, *args: Any, **kwargs: Any):
+def to_static(fn: Callable | Any = None, *args: Any, plan_memory: bool = True, **kwargs: Any):
     """Capture ``fn`` (a step function, or a Layer's forward) into a program replayed on later
     calls (:class:`StaticFunction`). With Paddle's signature ``to_static(layer, loader, loss,
-    optimizer)`` it returns a :class:`DistModel`."""
+    optimizer)`` it returns a :class:`DistModel`. ``plan_memory`` (default True): replay with
+    every temporary in a planned arena (:meth:`Program.memory_report`); False allocates per
+    kernel call as eager mode does."""
     if isinstance(fn, Layer) and (args or kwargs):
         return DistModel(fn, *args, **kwargs)
     if isinstance(fn, Layer):
-        return StaticFunction(fn.__call__, name=type(fn).__name__)
+        return StaticFunction(fn.__call__, type(fn).__name__, plan_memory)
     if not callable(fn):
         raise TypeError(f"to_static: expected a function or a Layer, got {type(fn).__name__}")
-    return StaticFunction(fn)
+    return StaticFunction(fn, plan_memory=plan_memory)
 
 
 class DistModel:

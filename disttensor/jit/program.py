@@ -25,12 +25,16 @@ contexts bound, collectives with their groups and sizes resolved).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
 import numpy as np
 
 from ..plan import CallRecord, OutSpec
+from ..schema import DENSE_CTX
+from .buffers import MemoryPlan, plan_buffers, timeline
+from .memory import ALIGN, OverlapError
+from .plot import plot_arena
 
 __all__ = ["Value", "ProgramOp", "Program", "SubProgram", "InplaceChains", "build_program"]
 
@@ -80,6 +84,7 @@ class Step:
     outs: tuple[int, ...]
     writes: tuple[int, ...]
     scalar_out: bool = False  # a 0-d result the kernel may return as a numpy scalar
+    takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
 
 
 @dataclass(slots=True, eq=False)
@@ -134,7 +139,8 @@ class SubProgram:
     ops: list[ProgramOp]
     inputs: dict[str, list[int]]    # section -> value ids ("x", "params", "middles", ...)
     outputs: dict[str, list[int]]
-    fn: Callable | None = field(default=None, repr=False)   # the generated replay function
+    fn: Callable | None = field(default=None, repr=False)   # the generated replay function:
+    # fn(registers dict) -> the values of out_regs; it pops the middles from the dict
     source: str = field(default="", repr=False)
     arg_regs: list[int] = field(default_factory=list)   # fn's parameters (registers)
     out_regs: list[int] = field(default_factory=list)   # what fn returns (registers)
@@ -160,6 +166,10 @@ class Program:
         self.reg_value: dict[int, int] = {}    # register -> its latest value id
         self.guards: list = []                 # what a replay checks about the externals
         self.provisional: str | None = None    # why the program must be captured again
+        self.plan_memory = True                # replay in a planned arena (buffers.py)
+        self.memory: MemoryPlan | None = None
+        self.arena = None                      # the arena array while planned
+        self._xp = np
 
     # -- analysis ---------------------------------------------------------------------------
     def root(self, vid: int) -> int:
@@ -170,10 +180,76 @@ class Program:
         return self.values[vid].producer is None
 
     def split(self) -> tuple[SubProgram, SubProgram]:
-        """The forward and backward programs with their interfaces (computed once)."""
+        """The forward and backward programs with their interfaces, their buffer plan and
+        replay functions (computed once)."""
         if self.forward is None:
             self.forward, self.backward = _split(self)
+            if self.plan_memory:
+                self.memory = plan_buffers(self, self.escaping())
+                self.arena = _arena(self.memory.arena.size, self._xp)
+            for sub in (self.forward, self.backward):
+                _codegen(self, sub)
         return self.forward, self.backward
+
+    @cached_property
+    def data_regs(self) -> list[int]:
+        """The registers of the step's arguments, in order (computed once, after capture)."""
+        return [self.values[v].reg for v in self.data]
+
+    @cached_property
+    def external_regs(self) -> list[tuple[int, Any]]:
+        """(register, tensor) of every tensor the program reads by reference."""
+        return [(self.values[v].reg, t) for v, t in self.externals]
+
+    @cached_property
+    def version_bumps(self) -> list[tuple[Any, int]]:
+        """(tensor, writes) of every tensor the program writes in place."""
+        return [(t, self.external_writes[v]) for v, t in self.externals
+                if self.external_writes.get(v)]
+
+    def escaping(self) -> set[int]:
+        """Value ids the step hands back: its results and the gradients it leaves on tensors."""
+        return {v for v in _leaves(self.result) if isinstance(v, int)} | \
+            {v for _, v in self.grads if isinstance(v, int)}
+
+    def watch_writes(self) -> None:
+        """Regenerate the replay functions with a check around every instruction: the arena
+        blocks of values live across it, other than the ones it defines or updates, must hold
+        the same bytes after it (a kernel writing outside its buffer is named with the value
+        whose bytes it changed). For tests: it copies the live blocks at every instruction."""
+        self.split()
+        if self.memory is None:
+            raise ValueError(f"program {self.name} was captured without a memory plan")
+        watch = WriteWatch(self)
+        for sub in (self.forward, self.backward):
+            _codegen(self, sub, watch)
+
+    def memory_report(self, eager_peak: int | None = None) -> dict:
+        """The buffer plan in numbers: arena bytes, the lower bound (most bytes live at once),
+        the total without reuse, the winning strategy, ``eager_peak`` (bytes, as measured by
+        the caller, e.g. with :func:`disttensor.jit.peak_bytes`) and per buffer its offset,
+        size and live range over the replay's instructions."""
+        self.split()
+        mp = self.memory
+        if mp is None:
+            raise ValueError(f"program {self.name} was captured without a memory plan")
+        a = mp.arena
+        return {"arena_bytes": a.size, "lower_bound_bytes": a.lower_bound,
+                "no_reuse_bytes": a.no_reuse, "strategy": a.strategy, "tried": a.tried,
+                "vs_lower_bound": round(a.size / a.lower_bound, 4) if a.lower_bound else 1.0,
+                "eager_peak_bytes": eager_peak, "instructions": mp.n_steps,
+                "inplace_reuse": [f"{o}: {i} -> {r}" for o, i, r in mp.reused],
+                "buffers": [{"name": b.name, "offset": a.offsets[b.id], "bytes": b.size,
+                             "live": [b.first, b.last]} for b in mp.buffers]}
+
+    def plot_memory(self, path: str) -> None:
+        """Draw the arena (x: instruction, y: offset; one rectangle per buffer) with the
+        lower-bound curve (bytes live at each instruction) over it, into ``path`` (needs
+        matplotlib: ``pip install disttensor[plot]``)."""
+        self.split()
+        if self.memory is None:
+            raise ValueError(f"program {self.name} was captured without a memory plan")
+        plot_arena(self.memory.buffers, self.memory.arena, path, title=f"program {self.name}")
 
     # -- printing ----------------------------------------------------------------------------
     def _fmt_op(self, op: ProgramOp) -> str:
@@ -264,13 +340,23 @@ def _layout(t):
     return (t._value.mesh, t._value.dist_attr) if t.is_dist() else None
 
 
-def _bind(instr, plan, attrs, xp) -> Callable:
-    """The instruction's function with what does not change between replays bound."""
+def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
+    """The instruction's function with what does not change between replays bound (a kernel
+    directly with its keyword arguments, when it has no ``out=`` target), and whether it
+    accepts ``out=``."""
     if instr.kind == "kernel":
-        return partial(instr.fn, xp, attrs) if plan.kind == "dense" else partial(instr.fn, xp)
+        op = plan.op
+        if plan.kind == "dense":
+            if instr.writes and op.accepts_out and instr.outs == instr.writes:  # out= input
+                return partial(instr.fn, xp, attrs), False
+            return partial(op.kernel, xp, **({**attrs, "ctx": DENSE_CTX} if op.needs_ctx
+                                               else attrs)), op.accepts_out
+        if instr.kwargs is not None:
+            return partial(op.kernel, xp, **instr.kwargs), op.accepts_out and not instr.writes
+        return partial(instr.fn, xp), False
     if instr.kind == "empty":
-        return partial(instr.fn, xp)
-    return instr.fn
+        return partial(instr.fn, xp), False
+    return instr.fn, False
 
 
 def _out_specs(plan, n_outputs: int) -> list[OutSpec]:
@@ -296,6 +382,7 @@ def build_program(name: str, records: list[CallRecord], phases: list[str], args:
     """The :class:`Program` of a capture: ``records`` with their ``phases``; ``args`` the step's
     tensor arguments (``arg_kinds``: "data" or "float")."""
     prog = Program(name)
+    prog._xp = xp
     b = _Builder(prog)
     for k, (t, kind) in enumerate(zip(args, arg_kinds)):
         prog.data.append(b.tensor_value(t, kind, f"x{k}", None))
@@ -331,6 +418,10 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
         outs = instr.outs
         if len(outs) == 1 and plan.op.n_out == -1 and len(specs) > 1 and instr.kind == "kernel":
             outs = tuple(spec.slot for spec in specs)  # a dense split's outputs
+        if instr.kind == "kernel" and len(outs) == len(specs):
+            for s, spec in zip(outs, specs):  # what a kernel returns for an input it mutates
+                if spec.is_input is not None and s not in slot_reg:  # is that input's array
+                    slot_reg[s] = slot_reg[spec.is_input]
         for s in outs:
             if s not in slot_reg:
                 slot_reg[s] = b.new_reg()
@@ -342,9 +433,10 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
             out_regs.append(slot_reg[s])
         scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
             np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
-        steps.append(Step(instr.kind, _bind(instr, plan, rec.attrs, xp),
-                          tuple(slot_reg[i] for i in instr.ins), tuple(out_regs),
-                          tuple(slot_reg[w] for w in instr.writes), scalar))
+        fn, takes_out = _bind(instr, plan, rec.attrs, xp)
+        steps.append(Step(instr.kind, fn, tuple(slot_reg[i] for i in instr.ins),
+                          tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
+                          takes_out and len(out_regs) == 1))
     outs, inplace, views = [], [], []
     for spec, t in zip(specs, rec.outputs):
         if spec.is_input is not None:
@@ -403,8 +495,6 @@ def _split(prog: Program) -> tuple[SubProgram, SubProgram]:
                      {"x": list(prog.data), "params": bwd_ext,
                       "middles": fwd.outputs["middles"], "outputs": outputs, "out_grads": []},
                      {"x_grads": data_grads, "param_grads": param_grads, "outputs": late})
-    for sub in (fwd, bwd):
-        _codegen(prog, sub)
     return fwd, bwd
 
 
@@ -420,32 +510,96 @@ def _asarray(a):
     return a if type(a) is np.ndarray or not isinstance(a, np.generic) else np.asarray(a)
 
 
-def _codegen(prog: Program, sub: SubProgram) -> None:
+class WriteWatch:
+    """The checks :meth:`Program.watch_writes` puts around each replay instruction."""
+
+    def __init__(self, prog: Program):
+        mp = prog.memory
+        steps = timeline(prog)
+        self.prog, self.names = prog, {b.id: b.name for b in mp.buffers}
+        self.ops = [op.name for op, _ in steps]
+        written: dict[int, set[int]] = {}   # step -> buffers it may write
+        for k, (_, s) in enumerate(steps):
+            written[k] = {mp.group[r] for r in s.outs + s.writes if r in mp.group}
+        self.protect = [[(b.id, mp.arena.offsets[b.id], b.size) for b in mp.buffers
+                         if b.first < k <= b.last and b.id not in written[k]]
+                        for k in range(len(steps))]
+        self.saved: list = []
+
+    def before(self, k: int) -> None:
+        arena = self.prog.arena
+        self.saved = [(g, off, arena[off:off + size].copy()) for g, off, size in self.protect[k]]
+
+    def after(self, k: int) -> None:
+        arena = self.prog.arena
+        for g, off, old in self.saved:
+            if not (arena[off:off + old.size] == old).all():
+                raise OverlapError(f"step {k} ({self.ops[k]}) wrote outside its buffers: the "
+                                   f"bytes of {self.names[g]}, live across it, changed")
+
+
+def _arena(nbytes: int, xp):
+    """One byte array of ``nbytes`` whose first byte is :data:`ALIGN`-aligned."""
+    raw = xp.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = (-raw.data.ptr if xp is not np else -raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
+
+
+def _into(buf, a):
+    """Copy a kernel's fresh result into its planned buffer."""
+    buf[...] = a
+    return buf
+
+
+def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) -> None:
     """Give ``sub`` a straight-line Python function running its steps over registers (locals),
-    each register deleted after its last use; its parameters and results are the interface."""
+    each register deleted after its last use; its parameters and results are the interface.
+    With a memory plan, a step that defines a planned register writes into its arena block:
+    through ``out=`` when the kernel takes it, else by one copy. With ``watch``, every step is
+    bracketed by its checks (:class:`WriteWatch`)."""
     arg_vids = [v for section in sub.inputs.values() for v in section]
     arg_regs = list(dict.fromkeys(prog.values[v].reg for v in arg_vids))
     out_vids = [v for section in sub.outputs.values() for v in section]
     out_regs = [prog.values[v].reg for v in out_vids]
-    keep = set(out_regs) | set(arg_regs)
     last: dict[int, int] = {}
     steps = [s for op in sub.ops for s in op.steps]
     for k, s in enumerate(steps):
         for r in s.ins + s.outs + s.writes:
             last[r] = k
-    env: dict[str, Any] = {"_asarray": _asarray}
-    lines = [f"def {sub.name}({', '.join(f'r{r}' for r in arg_regs)}):"]
+    mp = prog.memory
+    offset = 0 if sub is prog.forward or mp is None else \
+        sum(len(op.steps) for op in prog.forward.ops)
+    env: dict[str, Any] = {"_asarray": _asarray, "_into": _into, "_watch": watch}
+    # the function takes the registers in a dict and pops the middles, so that its ``del``
+    # frees them (the caller keeps no reference)
+    popped = {prog.values[v].reg for v in sub.inputs.get("middles", ())}
+    keep = set(out_regs) | (set(arg_regs) - popped)
+    lines = [f"def {sub.name}(R):"]
+    lines.extend(f"    r{r} = R.{'pop' if r in popped else '__getitem__'}({r})" for r in arg_regs)
     for k, s in enumerate(steps):
         fname = f"F{k}"
         env[fname] = s.fn
         args = ", ".join(f"r{r}" for r in s.ins)
+        planned = [] if mp is None else [r for r in s.outs if (offset + k, r) in mp.define]
+        for r in planned:
+            off, dtype, shape = mp.reg_at[r]
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            env[f"B{r}"] = prog.arena[off:off + size].view(dtype).reshape(shape)
+        if watch is not None:
+            lines.append(f"    _watch.before({offset + k})")
         if s.kind == "store":
             lines.append(f"    {fname}(r{s.writes[0]}, {args})")
+        elif planned and s.takes_out:
+            lines.append(f"    r{s.outs[0]} = {fname}({args}{', ' if args else ''}out=B{s.outs[0]})")
         elif len(s.outs) == 1:
             call = f"{fname}({args})"
             lines.append(f"    r{s.outs[0]} = {'_asarray(' + call + ')' if s.scalar_out else call}")
         else:
             lines.append(f"    {', '.join(f'r{r}' for r in s.outs)}, = {fname}({args})")
+        if planned and not s.takes_out:
+            lines.extend(f"    r{r} = _into(B{r}, r{r})" for r in planned)
+        if watch is not None:
+            lines.append(f"    _watch.after({offset + k})")
         dead = [r for r in dict.fromkeys(s.ins + s.outs + s.writes)
                 if last.get(r) == k and r not in keep]
         if dead:

@@ -87,6 +87,10 @@ class ParamAttr:
 
 _name_counters: dict[str, int] = {}
 
+#: Set while ``disttensor.parallel.LazyGuard`` is active: ``make(shape, dtype, initializer,
+#: name, trainable, learning_rate)`` returns a parameter whose values are sampled later.
+lazy_parameter_factory: list[Callable[..., "Parameter"]] = []
+
 
 def _unique_name(prefix: str) -> str:
     k = _name_counters.get(prefix, 0)
@@ -117,6 +121,9 @@ def create_parameter(shape: Sequence[int], dtype: Any = "float32", name: str | N
     init = attr.initializer or default_initializer or (Constant(0.0) if is_bias
                                                        else XavierUniform())
     pname = attr.name or name or _unique_name("_generated_var" if not is_bias else "_bias")
+    if isinstance(init, Initializer) and lazy_parameter_factory:
+        return lazy_parameter_factory[-1](shape, d, init, pname, attr.trainable,
+                                          attr.learning_rate)
     if isinstance(init, Initializer):
         value = to_tensor(init.sample(shape, d), dtype=d)._value
         return Parameter(value, pname, attr.trainable, attr.learning_rate)

@@ -14,39 +14,76 @@ from .common import as_tensor, grad_op_backward, normalize_axis
 from .elementwise import cast
 
 
-def _shifted(xp, x, axis):
-    """``x - max(x, axis)`` (keepdims); an empty axis needs no shift."""
+def _shifted(xp, x, axis, out=None):
+    """``x - max(x, axis)`` (keepdims) in a fresh array or ``out`` (which may be x)."""
+    if out is None:
+        out = xp.empty_like(x)
     if x.shape[axis] == 0:
-        return x
-    return x - xp.max(x, axis=axis, keepdims=True)
+        out[...] = x
+        return out
+    return xp.subtract(x, xp.max(x, axis=axis, keepdims=True), out=out)
 
 
-def _softmax_kernel(xp, x, axis):
-    e = xp.exp(_shifted(xp, x, axis))
-    return e / xp.sum(e, axis=axis, keepdims=True)
+def _axis_dot(xp, a, b, axis):
+    """``sum(a * b, axis)`` (keepdims) in one pass, without an [a.shape] temporary."""
+    if axis == a.ndim - 1 and getattr(xp, "vecdot", None) is not None:
+        return xp.vecdot(a, b)[..., None]
+    letters = "abcdefghijklmnopqrstuvwxyz"[:a.ndim]
+    keep = letters.replace(letters[axis], "")
+    return xp.expand_dims(xp.einsum(f"{letters},{letters}->{keep}", a, b), axis)
 
 
-def _log_softmax_kernel(xp, x, axis):
-    z = _shifted(xp, x, axis)
-    return z - xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))
+def _axis_sum(xp, a, axis):
+    """``sum(a, axis)`` (keepdims); over the last axis of a C-contiguous array as a
+    matrix-vector product (BLAS: about 3x numpy's row sum)."""
+    n = a.shape[axis]
+    if axis == a.ndim - 1 and n and a.size and a.flags.c_contiguous:
+        return (a.reshape(-1, n) @ xp.ones(n, a.dtype)).reshape(a.shape[:-1] + (1,))
+    return xp.sum(a, axis=axis, keepdims=True)
 
 
-def _softmax_grad_kernel(xp, out, dout, axis):
-    """d softmax: ``out * (dout - sum(dout * out, axis))``."""
-    return out * (dout - xp.sum(dout * out, axis=axis, keepdims=True))
+def _softmax_kernel(xp, x, axis, out=None):
+    """``exp(x - max) / sum(exp(x - max))``, every pass in place (``out`` may be x)."""
+    e = _shifted(xp, x, axis, out)
+    xp.exp(e, out=e)
+    s = _axis_sum(xp, e, axis)
+    e *= xp.divide(1.0, s, out=s)
+    return e
 
 
-def _log_softmax_grad_kernel(xp, out, dout, axis):
-    """d log_softmax: ``dout - exp(out) * sum(dout, axis)``."""
-    return dout - xp.exp(out) * xp.sum(dout, axis=axis, keepdims=True)
+def _log_softmax_kernel(xp, x, axis, out=None):
+    """``z - log(sum(exp(z)))`` with z = x - max (``out`` may be x)."""
+    z = _shifted(xp, x, axis, out)
+    lse = _axis_sum(xp, xp.exp(z), axis)
+    z -= xp.log(lse, out=lse)
+    return z
 
 
-register("softmax_grad", _softmax_grad_kernel, rule="softmax", reuse=(1,))
-register("log_softmax_grad", _log_softmax_grad_kernel, rule="softmax", reuse=(1,))
+def _softmax_grad_kernel(xp, y, dout, axis, out=None):
+    """d softmax with y = softmax(x): ``y * (dout - sum(dout * y, axis))`` (``out`` may be
+    dout)."""
+    if out is None:
+        out = xp.empty(y.shape, xp.result_type(y, dout))
+    r = xp.subtract(dout, _axis_dot(xp, dout, y, axis), out=out)
+    r *= y
+    return r
+
+
+def _log_softmax_grad_kernel(xp, y, dout, axis, out=None):
+    """d log_softmax with y = log_softmax(x): ``dout - exp(y) * sum(dout, axis)`` (``out`` may
+    be dout)."""
+    e = xp.exp(y, out=xp.empty(y.shape, xp.result_type(y, dout)))
+    e *= xp.sum(dout, axis=axis, keepdims=True)
+    return xp.subtract(dout, e, out=e if out is None else out)
+
+
+register("softmax_grad", _softmax_grad_kernel, rule="softmax", reuse=(1,), accepts_out=True)
+register("log_softmax_grad", _log_softmax_grad_kernel, rule="softmax", reuse=(1,),
+         accepts_out=True)
 register("softmax", _softmax_kernel, backward=grad_op_backward("softmax_grad"), rule="softmax",
-         save_outputs=(0,), reuse=(0,), dtype=same_dtype(0))
+         save_outputs=(0,), reuse=(0,), dtype=same_dtype(0), accepts_out=True)
 register("log_softmax", _log_softmax_kernel, backward=grad_op_backward("log_softmax_grad"),
-         rule="softmax", save_outputs=(0,), reuse=(0,), dtype=same_dtype(0))
+         rule="softmax", save_outputs=(0,), reuse=(0,), dtype=same_dtype(0), accepts_out=True)
 
 
 def _prepare(op: str, x: Any, axis: int, dtype: Any) -> tuple[Tensor, dict]:

@@ -83,21 +83,27 @@ register("multiply", _ufunc_kernel(np.multiply), backward=_mul_bwd, save_inputs=
 register("divide", _ufunc_kernel(np.true_divide), backward=_div_bwd, save_inputs=(0, 1),
          rule_attrs={"linear": "mul", "linear_inputs": (0,)},
          **{**_ARITH, "dtype": promoting(ufunc_dtype(np.true_divide))})
-register("pow", lambda xp, x, y: xp.power(x, y), backward=_pow_bwd, rule="elementwise",
-         save_inputs=(0, 1), save_outputs=(0,), dtype=paddle_promote)
-register("maximum", lambda xp, x, y: xp.maximum(x, y), backward=_minmax_bwd, rule="elementwise",
-         save_inputs=(0, 1), reuse=(0, 1), dtype=paddle_promote, rule_attrs={"linear": "max"})
-register("minimum", lambda xp, x, y: xp.minimum(x, y), backward=_minmax_bwd, rule="elementwise",
-         save_inputs=(0, 1), reuse=(0, 1), dtype=paddle_promote, rule_attrs={"linear": "min"})
+register("pow", _ufunc_kernel(np.power), backward=_pow_bwd, rule="elementwise",
+         save_inputs=(0, 1), save_outputs=(0,), accepts_out=True, dtype=paddle_promote)
+register("maximum", _ufunc_kernel(np.maximum), backward=_minmax_bwd, rule="elementwise",
+         save_inputs=(0, 1), reuse=(0, 1), accepts_out=True, dtype=paddle_promote,
+         rule_attrs={"linear": "max"})
+register("minimum", _ufunc_kernel(np.minimum), backward=_minmax_bwd, rule="elementwise",
+         save_inputs=(0, 1), reuse=(0, 1), accepts_out=True, dtype=paddle_promote,
+         rule_attrs={"linear": "min"})
 
 
-def _minmax_mask_kernel(xp, x, y, pick):
+def _minmax_mask_kernel(xp, x, y, pick, out=None):
     """1 where ``maximum``/``minimum`` picked x (x wins ties), else 0; in x's dtype."""
     m = (x >= y) if pick == "maximum" else (x <= y)
+    if out is not None:
+        xp.copyto(out, m, casting="unsafe")
+        return out
     return xp.broadcast_to(m, np.broadcast_shapes(x.shape, y.shape)).astype(x.dtype)
 
 
-register("minmax_mask", _minmax_mask_kernel, rule="elementwise", dtype=same_dtype(0))
+register("minmax_mask", _minmax_mask_kernel, rule="elementwise", dtype=same_dtype(0),
+         accepts_out=True)
 
 # -- comparisons (no grad) ---------------------------------------------------------------------
 
@@ -106,10 +112,10 @@ _COMPARE = {"equal": "equal", "not_equal": "not_equal", "less_than": "less",
             "greater_equal": "greater_equal", "logical_and": "logical_and",
             "logical_or": "logical_or"}
 for _name, _fn in _COMPARE.items():
-    register(_name, lambda xp, x, y, _fn=_fn: getattr(xp, _fn)(x, y), rule="elementwise",
-             dtype=fixed_dtype(np.bool_))
-register("logical_not", lambda xp, x: xp.logical_not(x), rule="elementwise",
-         dtype=fixed_dtype(np.bool_))
+    register(_name, _ufunc_kernel(getattr(np, _fn)), rule="elementwise",
+             dtype=fixed_dtype(np.bool_), accepts_out=True)
+register("logical_not", lambda xp, x, out=None: xp.logical_not(x, out=out), rule="elementwise",
+         dtype=fixed_dtype(np.bool_), accepts_out=True)
 
 # -- unary math ----------------------------------------------------------------------------------
 
@@ -118,12 +124,12 @@ def _unary(name: str, kernel, grad_kernel=None, save: str = "out", linear: bool 
            inplace: bool = False, dtype=None, backward=None):
     """Register ``name`` and, when it has a gradient, ``name_grad(saved, dout)`` (elementwise)."""
     if grad_kernel is not None:
-        register(f"{name}_grad", grad_kernel, rule="elementwise", reuse=(1,))
+        register(f"{name}_grad", grad_kernel, rule="elementwise", reuse=(1,), accepts_out=True)
         backward = grad_op_backward(f"{name}_grad")
     register(name, kernel, rule="elementwise", backward=backward,
              save_inputs=(0,) if save == "x" and grad_kernel else (),
              save_outputs=(0,) if save == "out" and grad_kernel else (),
-             inplace=_INPLACE if inplace else (), accepts_out=inplace, reuse=(0,),
+             inplace=_INPLACE if inplace else (), accepts_out=True, reuse=(0,),
              dtype=dtype or same_dtype(0),
              rule_attrs={"linear": "unary"} if linear else {})
 
@@ -135,47 +141,143 @@ def _ufunc1(ufunc):
     return kernel
 
 
-def _erf(xp, x):
+def _erf(xp, x, out=None):
+    """``erf(x)``, into ``out`` when given (scipy's ufunc; math.erf without scipy)."""
     if xp is np:
         try:
             from scipy.special import erf
         except ImportError:
-            return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
-        return erf(x).astype(x.dtype, copy=False)
-    from cupyx.scipy.special import erf
-
-    return erf(x)
+            res = np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+            if out is None:
+                return res
+            out[...] = res
+            return out
+    else:
+        from cupyx.scipy.special import erf
+    return erf(x) if out is None else erf(x, out=out)
 
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_TANH_C = math.sqrt(2.0 / math.pi)  # gelu's tanh approximation: tanh(C * (x + A * x**3))
+_TANH_A = 0.044715
 
 
-def _gelu(xp, x, approximate=False):
+def _gelu_cdf(xp, x):
+    """``0.5 * (1 + erf(x / sqrt(2)))`` in a fresh array (in-place passes)."""
+    t = xp.multiply(x, 1.0 / _SQRT_2, out=xp.empty_like(x))
+    _erf(xp, t, out=t)
+    t += 1.0
+    t *= 0.5
+    return t
+
+
+def _gelu_tanh(xp, x):
+    """``tanh(C * x * (1 + A * x * x))`` in a fresh array: no power, no temporary besides it."""
+    t = xp.multiply(x, x, out=xp.empty_like(x))
+    t *= _TANH_C * _TANH_A
+    t += _TANH_C
+    t *= x
+    return xp.tanh(t, out=t)
+
+
+def _gelu(xp, x, approximate=False, out=None):
+    """``x * cdf(x)``: the exact ``0.5 * (1 + erf(x / sqrt 2))`` or the tanh approximation
+    ``0.5 * (1 + tanh(C * (x + A * x**3)))``; ``out`` may be x itself."""
     if approximate:
-        c = math.sqrt(2.0 / math.pi)
-        return 0.5 * x * (1.0 + xp.tanh(c * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1.0 + _erf(xp, x / _SQRT_2))
+        t = _gelu_tanh(xp, x)
+        t += 1.0
+        t *= 0.5
+    else:
+        t = _gelu_cdf(xp, x)
+    if out is None:
+        t *= x
+        return t
+    return xp.multiply(t, x, out=out)
 
 
-def _gelu_grad(xp, x, g, approximate=False):
+def _gelu_grad(xp, x, g, approximate=False, out=None):
+    """``g * d gelu / dx``; ``out`` may be g itself. Exact: ``cdf(x) + x * pdf(x)``. Tanh:
+    ``0.5 * (1 + t) + 0.5 * x * (1 - t * t) * C * (1 + 3 * A * x * x)`` with t the tanh."""
     if approximate:
-        c = math.sqrt(2.0 / math.pi)
-        inner = c * (x + 0.044715 * x ** 3)
-        t = xp.tanh(inner)
-        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x))
-    cdf = 0.5 * (1.0 + _erf(xp, x / _SQRT_2))
-    return g * (cdf + x * _INV_SQRT_2PI * xp.exp(-0.5 * x * x))
+        t = _gelu_tanh(xp, x)
+        d = xp.multiply(x, x, out=xp.empty_like(x))
+        d *= 0.5 * _TANH_C * 3.0 * _TANH_A
+        d += 0.5 * _TANH_C
+        d *= x
+        sech2 = xp.multiply(t, t, out=xp.empty_like(t))
+        xp.subtract(1.0, sech2, out=sech2)
+        d *= sech2
+        t += 1.0
+        t *= 0.5
+        d += t
+    else:
+        d = xp.multiply(x, x, out=xp.empty_like(x))
+        d *= -0.5
+        xp.exp(d, out=d)
+        d *= _INV_SQRT_2PI
+        d *= x
+        d += _gelu_cdf(xp, x)
+    if out is None:
+        d *= g
+        return d
+    return xp.multiply(g, d, out=out)
 
 
-def _sigmoid(xp, x):
-    return 0.5 * (xp.tanh(0.5 * x) + 1.0)
+def _sigmoid(xp, x, out=None):
+    """``0.5 * (tanh(0.5 * x) + 1)`` (no overflow); ``out`` may be x itself."""
+    r = xp.multiply(x, 0.5, out=xp.empty_like(x) if out is None else out)
+    xp.tanh(r, out=r)
+    r += 1.0
+    r *= 0.5
+    return r
 
 
 def _relu(xp, x, out=None):
     if out is None:
         return xp.maximum(x, 0).astype(x.dtype, copy=False)
     return xp.maximum(x, 0, out=out)
+
+
+def _silu(xp, x, out=None):
+    """``x * sigmoid(x)``."""
+    s = _sigmoid(xp, x)
+    return xp.multiply(x, s, out=s if out is None else out)
+
+
+def _silu_grad(xp, x, g, out=None):
+    """``g * s * (1 + x * (1 - s))`` with s = sigmoid(x)."""
+    s = _sigmoid(xp, x)
+    d = xp.subtract(1.0, s, out=xp.empty_like(s))
+    d *= x
+    d += 1.0
+    d *= s
+    return xp.multiply(g, d, out=d if out is None else out)
+
+
+def _times_g(derivative):
+    """The grad kernel ``g * derivative(xp, saved)``, into ``out`` when given (which may be g:
+    the derivative is a fresh array)."""
+    def kernel(xp, saved, g, out=None):
+        d = derivative(xp, saved)
+        return xp.multiply(g, d, out=out)
+    return kernel
+
+
+def _tanh_derivative(xp, out):
+    d = xp.multiply(out, out, out=xp.empty_like(out))
+    return xp.subtract(1.0, d, out=d)
+
+
+def _sigmoid_derivative(xp, out):
+    d = xp.subtract(1.0, out, out=xp.empty_like(out))
+    d *= out
+    return d
+
+
+def _rsqrt(xp, x, out=None):
+    r = xp.sqrt(x, out=xp.empty_like(x) if out is None else out)
+    return xp.divide(1.0, r, out=r)
 
 
 def _float_dtype(dtypes, attrs) -> tuple:
@@ -194,26 +296,23 @@ def _floating(kernel):
 
 
 _FLOAT = _float_dtype
-_unary("neg", lambda xp, x: -x, None, linear=True, backward=lambda node, g: neg(g))
-_unary("abs", lambda xp, x: xp.abs(x), lambda xp, x, g: g * xp.sign(x), save="x")
-_unary("exp", _floating(_ufunc1(np.exp)), lambda xp, out, g: g * out, inplace=True,
+_unary("neg", _ufunc1(np.negative), None, linear=True, backward=lambda node, g: neg(g))
+_unary("abs", _ufunc1(np.absolute), _times_g(lambda xp, x: xp.sign(x)), save="x")
+_unary("exp", _floating(_ufunc1(np.exp)), _times_g(lambda xp, out: out), inplace=True,
        dtype=_FLOAT)
-_unary("log", _floating(lambda xp, x: xp.log(x)), lambda xp, x, g: g / x, save="x",
+_unary("log", _floating(_ufunc1(np.log)), lambda xp, x, g, out=None: xp.divide(g, x, out=out),
+       save="x", dtype=_FLOAT)
+_unary("sqrt", _floating(_ufunc1(np.sqrt)), _times_g(lambda xp, out: xp.divide(0.5, out)),
        dtype=_FLOAT)
-_unary("sqrt", _floating(lambda xp, x: xp.sqrt(x)), lambda xp, out, g: g * 0.5 / out,
+_unary("rsqrt", _floating(_rsqrt), _times_g(lambda xp, out: -0.5 * out * out * out),
        dtype=_FLOAT)
-_unary("rsqrt", _floating(lambda xp, x: 1.0 / xp.sqrt(x)),
-       lambda xp, out, g: g * -0.5 * out * out * out, dtype=_FLOAT)
-_unary("tanh", _floating(lambda xp, x: xp.tanh(x)), lambda xp, out, g: g * (1.0 - out * out),
-       dtype=_FLOAT)
-_unary("sigmoid", _floating(_sigmoid), lambda xp, out, g: g * out * (1.0 - out), dtype=_FLOAT)
-_unary("relu", _relu, lambda xp, out, g: g * (out > 0), inplace=True)
-_unary("silu", _floating(lambda xp, x: x * _sigmoid(xp, x)),
-       lambda xp, x, g: g * _sigmoid(xp, x) * (1.0 + x * (1.0 - _sigmoid(xp, x))), save="x",
-       dtype=_FLOAT)
-register("gelu_grad", _gelu_grad, rule="elementwise", reuse=(1,))
+_unary("tanh", _floating(_ufunc1(np.tanh)), _times_g(_tanh_derivative), dtype=_FLOAT)
+_unary("sigmoid", _floating(_sigmoid), _times_g(_sigmoid_derivative), dtype=_FLOAT)
+_unary("relu", _relu, _times_g(lambda xp, out: out > 0), inplace=True)
+_unary("silu", _floating(_silu), _silu_grad, save="x", dtype=_FLOAT)
+register("gelu_grad", _gelu_grad, rule="elementwise", reuse=(1,), accepts_out=True)
 register("gelu", _floating(_gelu), backward=grad_op_backward("gelu_grad"), rule="elementwise",
-         save_inputs=(0,), reuse=(0,), dtype=_FLOAT)
+         save_inputs=(0,), reuse=(0,), dtype=_FLOAT, accepts_out=True)
 
 
 # -- scale, cast, clip, where ------------------------------------------------------------------
@@ -246,7 +345,21 @@ def _cast_bwd(node, g):
     return cast(g, node.attrs["src_dtype"])
 
 
-register("cast", lambda xp, x, dtype, src_dtype: x.astype(dtype), backward=_cast_bwd,
+def _cast_kernel(xp, x, dtype, src_dtype, out=None):
+    if out is None:
+        return x.astype(dtype)
+    xp.copyto(out, x, casting="unsafe")
+    return out
+
+
+def _full_like_kernel(xp, x, fill_value, dtype, out=None):
+    if out is None:
+        return xp.full(x.shape, fill_value, dtype=dtype)
+    out.fill(fill_value)
+    return out
+
+
+register("cast", _cast_kernel, backward=_cast_bwd, accepts_out=True,
          rule="elementwise", dtype=attr_dtype(),
          rule_attrs=lambda a: {"linear": "unary" if np.dtype(a["dtype"]).kind == "f"
                                and np.dtype(a["src_dtype"]).kind == "f" else None})
@@ -258,20 +371,21 @@ def _clip_kernel(xp, x, min=None, max=None, out=None):
     return xp.clip(x, min, max).astype(x.dtype, copy=False)
 
 
-def _clip_grad_kernel(xp, out, g, min=None, max=None):
-    """Gradient passes where the output is strictly inside (min, max), as in Paddle."""
-    m = xp.ones(out.shape, dtype=bool)
-    if min is not None:
-        m &= out > min
-    if max is not None:
-        m &= out < max
-    return g * m
+def _clip_grad_kernel(xp, y, g, min=None, max=None, out=None):
+    """Gradient passes where the output y is strictly inside (min, max), as in Paddle."""
+    if min is None and max is None:
+        return xp.multiply(g, 1, out=out)
+    m = xp.greater(y, min) if min is not None else xp.less(y, max)
+    if min is not None and max is not None:
+        m &= y < max
+    return xp.multiply(g, m, out=out)
 
 
 register("clip", _clip_kernel, backward=grad_op_backward("clip_grad"), rule="elementwise",
          inplace=_INPLACE, accepts_out=True, reuse=(0,), save_outputs=(0,),
          dtype=same_dtype(0))
-register("clip_grad", _clip_grad_kernel, rule="elementwise", reuse=(1,), dtype=same_dtype(1))
+register("clip_grad", _clip_grad_kernel, rule="elementwise", reuse=(1,), dtype=same_dtype(1),
+         accepts_out=True)
 
 
 def _where_bwd(node, g):
@@ -292,7 +406,7 @@ _where_dtype.strict = True
 register("where", lambda xp, c, x, y: xp.where(c, x, y), backward=_where_bwd,
          rule="elementwise", save_inputs=(0,), grad_inputs=(1, 2), no_need_buffer=(1, 2),
          dtype=_where_dtype)
-register("full_like", lambda xp, x, fill_value, dtype: xp.full(x.shape, fill_value, dtype=dtype),
+register("full_like", _full_like_kernel, accepts_out=True,
          rule="elementwise", rule_attrs={"linear": "like"}, no_need_buffer=(0,),
          dtype=attr_dtype())
 

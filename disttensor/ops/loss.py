@@ -48,7 +48,8 @@ def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
     else:
         m = xp.full(keep, -np.inf, dtype=logits.dtype)
     m = ctx.allreduce(m, "max", 0, (axis,))
-    e = xp.exp(logits - m)
+    e = xp.subtract(logits, m, out=xp.empty_like(logits))
+    xp.exp(e, out=e)
     s = ctx.allreduce(xp.sum(e, axis=axis, keepdims=True), "sum", 0, (axis,))
     local = lab - ctx.offset(0, axis)
     hit = valid & (local >= 0) & (local < c_local)
@@ -59,19 +60,23 @@ def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
         picked = xp.zeros(keep, dtype=logits.dtype)
     picked = ctx.allreduce(picked, "sum", 0, (axis,))
     loss = xp.where(valid, xp.log(s) + m - picked, 0).astype(logits.dtype, copy=False)
-    return e / s, loss
+    e /= s
+    return e, loss
 
 
-def _ce_grad_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx):
+def _ce_grad_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None):
     """dlogits = (softmax - onehot(label)) * dloss, zero on ignored rows; the one-hot uses this
-    piece's global class indices."""
+    piece's global class indices. ``out`` may be softmax."""
     keep = _keep_shape(softmax.shape, axis)
     lab = label.reshape(keep)
     cls_shape = [1] * softmax.ndim
     cls_shape[axis] = softmax.shape[axis]
     cls = (xp.arange(softmax.shape[axis]) + ctx.offset(0, axis)).reshape(cls_shape)
     scale = xp.where(lab != ignore_index, dloss, 0)
-    return ((softmax - (cls == lab)) * scale).astype(softmax.dtype, copy=False)
+    hot = (cls == lab) * scale
+    r = xp.multiply(softmax, scale, out=xp.empty_like(softmax) if out is None else out)
+    r -= hot
+    return r
 
 
 def _ce_bwd(node, g_softmax, g_loss):
@@ -82,7 +87,7 @@ def _ce_bwd(node, g_softmax, g_loss):
 
 
 register("cross_entropy_grad", _ce_grad_kernel, rule="cross_entropy_grad", needs_ctx=True,
-         reuse=(0,), dtype=same_dtype(0))
+         reuse=(0,), dtype=same_dtype(0), accepts_out=True)
 register("cross_entropy", _ce_kernel, backward=_ce_bwd, rule="cross_entropy", n_out=2,
          save_inputs=(1,), save_outputs=(0,), nondiff_outputs=frozenset({0}), grad_inputs=(0,),
          needs_ctx=True, no_need_buffer=(0,), dtype=same_dtype(0, n_out=2))

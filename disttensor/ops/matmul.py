@@ -2,6 +2,8 @@
 transposes of the last two axes. Rule: ``matmul``."""
 from __future__ import annotations
 
+import math
+
 from ..dispatch import apply
 from ..schema import OPS, equal_dtypes, public, register
 from ..tensor import Tensor
@@ -10,11 +12,43 @@ from .shape import reshape_to as reshape
 
 
 def _matmul_kernel(xp, x, y, transpose_x=False, transpose_y=False, out=None):
-    if transpose_x and x.ndim >= 2:
-        x = xp.swapaxes(x, -1, -2)
     if transpose_y and y.ndim >= 2:
         y = xp.swapaxes(y, -1, -2)
+    if x.ndim > 2 and y.ndim == 2 and not transpose_x and x.flags.c_contiguous and (
+            out is None or out.flags.c_contiguous):
+        # a stack of rows times one matrix: one GEMM over the folded leading dims
+        rows = math.prod(x.shape[:-1])
+        res = xp.matmul(x.reshape(rows, x.shape[-1]), y,
+                        out=None if out is None else out.reshape(rows, y.shape[-1]))
+        return res.reshape(x.shape[:-1] + (y.shape[-1],)) if out is None else out
+    if transpose_x and x.ndim >= 2:
+        x = xp.swapaxes(x, -1, -2)
     return xp.matmul(x, y) if out is None else xp.matmul(x, y, out=out)
+
+
+def _foldable(t, lead: int) -> bool:
+    """Whether merging t's ``lead`` leading dims into one keeps its layout: dense, or sharded
+    over those dims only along the first, evenly (reshape then moves no data)."""
+    if not t.is_dist():
+        return True
+    attr = t._value.dist_attr
+    if any(attr.dims_mapping[d] for d in range(1, lead)):
+        return False
+    return t._value.shape[0] % math.prod(attr.mesh_shape[m] for m in attr.dims_mapping[0]) == 0
+
+
+def _folded_weight_grad(x, g, tx: bool, ty: bool):
+    """The gradient of a 2-D y in ``x @ y`` for x with leading (batch) dims, as one GEMM over
+    the folded rows: ``x2^T @ g2`` with x2 = x as [rows, k] and g2 = g as [rows, n] (instead of
+    a per-sample product summed over the batch); None when folding would move data."""
+    lead = x.ndim - 1
+    if tx or x.ndim < 3 or tuple(g.shape[:-1]) != tuple(x.shape[:-1]) or not (
+            _foldable(x, lead) and _foldable(g, lead)):
+        return None
+    rows = math.prod(x.shape[:-1])
+    x2 = reshape(x, [rows, x.shape[-1]])
+    g2 = reshape(g, [rows, g.shape[-1]])
+    return matmul(g2, x2, True, False) if ty else matmul(x2, g2, True, False)
 
 
 def _matmul_bwd(node, g):
@@ -35,8 +69,10 @@ def _matmul_bwd(node, g):
         gx = sum_to_shape(gx, x2.shape)
         gx = reshape(gx, x.shape) if x.ndim == 1 else gx
     if node.needs_grad(1):
-        gy = (matmul(g2, x2, True, tx) if ty else matmul(x2, g2, not tx, False))
-        gy = sum_to_shape(gy, y2.shape)
+        gy = _folded_weight_grad(x, g, tx, ty) if y.ndim == 2 else None
+        if gy is None:
+            gy = (matmul(g2, x2, True, tx) if ty else matmul(x2, g2, not tx, False))
+            gy = sum_to_shape(gy, y2.shape)
         gy = reshape(gy, y.shape) if y.ndim == 1 else gy
     return gx, gy
 

@@ -13,6 +13,8 @@ which is numerically sound and costs two all-reduces of ``[C]`` values each.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import numpy as np
@@ -26,39 +28,59 @@ from .shape import reshape_to
 # -- layer_norm ----------------------------------------------------------------------------------
 
 
+def _row_dot(xp, a, b):
+    """Per-row ``sum(a * b)`` of two [rows, n] arrays in one pass (no temporary)."""
+    vecdot = getattr(xp, "vecdot", None)
+    return vecdot(a, b) if vecdot is not None else xp.einsum("ij,ij->i", a, b)
+
+
 def _layer_norm_kernel(xp, x, weight, bias, begin_norm_axis, epsilon):
-    b = begin_norm_axis
-    axes = tuple(range(b, x.ndim))
-    tail = x.shape[b:]
-    mean = xp.mean(x, axis=axes, keepdims=True)
-    xc = x - mean
-    rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=axes, keepdims=True) + epsilon)
-    out = xc * rstd
+    """(out, mean, rstd) with x viewed as [rows, n]: the mean as a matrix-vector product, the
+    variance as a row dot of the centred x, which then becomes the output in place."""
+    lead, tail = x.shape[:begin_norm_axis], x.shape[begin_norm_axis:]
+    n = math.prod(tail)
+    x2 = x.reshape(math.prod(lead), n)
+    mean = x2 @ xp.full(n, 1.0 / n, dtype=x.dtype) if n else xp.zeros(len(x2), x.dtype)
+    out = xp.subtract(x2, mean[:, None], dtype=x.dtype)
+    rstd = _row_dot(xp, out, out)
+    rstd *= 1.0 / n
+    rstd += epsilon
+    xp.sqrt(rstd, out=rstd)
+    xp.divide(1.0, rstd, out=rstd)
+    out *= rstd[:, None]
     if weight is not None:
-        out = out * weight.reshape(tail)
+        out *= weight.reshape(n)
     if bias is not None:
-        out = out + bias.reshape(tail)
-    lead = x.shape[:b]
-    return out.astype(x.dtype, copy=False), mean.reshape(lead), rstd.reshape(lead)
+        out += bias.reshape(n)
+    return out.reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
 
 
 def _layer_norm_grad_kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon):
-    """(dx, dweight, dbias); dweight/dbias have weight's shape (x.shape[b:] without weight)."""
-    b = begin_norm_axis
-    axes = tuple(range(b, x.ndim))
-    tail = x.shape[b:]
-    bshape = x.shape[:b] + (1,) * len(tail)
-    mean, rstd = mean.reshape(bshape), rstd.reshape(bshape)
-    xhat = (x - mean) * rstd
-    dxhat = dout if weight is None else dout * weight.reshape(tail)
-    dx = rstd * (dxhat - xp.mean(dxhat, axis=axes, keepdims=True)
-                 - xhat * xp.mean(dxhat * xhat, axis=axes, keepdims=True))
-    lead = tuple(range(b))
-    dweight = xp.sum(dout * xhat, axis=lead)
-    dbias = xp.sum(dout, axis=lead)
+    """(dx, dweight, dbias); dweight/dbias have weight's shape (x.shape[b:] without weight).
+    With xhat = (x - mean) * rstd and dxhat = dout * weight (rows of n):
+    ``dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))``."""
+    lead, tail = x.shape[:begin_norm_axis], x.shape[begin_norm_axis:]
+    n, rows = math.prod(tail), math.prod(lead)
+    x2, dout2 = x.reshape(rows, n), dout.reshape(rows, n)
+    mean, rstd = mean.reshape(rows, 1), rstd.reshape(rows, 1)
+    xhat = xp.subtract(x2, mean, dtype=x.dtype)
+    xhat *= rstd
+    dweight = xp.einsum("ij,ij->j", dout2, xhat)
+    dbias = xp.sum(dout2, axis=0)
+    dxhat = xp.multiply(dout2, weight.reshape(n), dtype=x.dtype) if weight is not None \
+        else dout2.astype(x.dtype, copy=True)
+    a = dxhat @ xp.full(n, 1.0 / n, dtype=x.dtype) if n else xp.zeros(rows, x.dtype)
+    c = _row_dot(xp, dxhat, xhat)
+    c *= 1.0 / n
+    xhat *= c[:, None]
+    dxhat -= xhat
+    dxhat -= a[:, None]
+    dxhat *= rstd
     if weight is not None:
         dweight, dbias = dweight.reshape(weight.shape), dbias.reshape(weight.shape)
-    return dx.astype(x.dtype, copy=False), dweight, dbias
+    else:
+        dweight, dbias = dweight.reshape(tail), dbias.reshape(tail)
+    return dxhat.reshape(x.shape), dweight, dbias
 
 
 def _layer_norm_bwd(node, g, *_):

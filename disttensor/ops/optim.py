@@ -24,16 +24,24 @@ def _adam_kernel(xp, param, grad, moment1, moment2, beta1_pow, beta2_pow, lr, be
     beta1_pow *= beta1
     beta2_pow *= beta2
     lr_v = _scalar(lr) * lr_scale
-    lr_t = lr_v / (1.0 - _scalar(beta1_pow))
+    # lr_t * m / (sqrt(v) * c2 + eps) == (lr_t / c2) * m / (sqrt(v) + eps / c2)
     c2 = 1.0 / (1.0 - _scalar(beta2_pow)) ** 0.5
+    step = lr_v / (1.0 - _scalar(beta1_pow)) / c2
     g = grad + l2 * param if l2 else grad
+    tmp = xp.empty_like(moment2)  # the one temporary, reused by every pass below
     if weight_decay:
         param *= 1.0 - lr_v * weight_decay
     moment1 *= beta1
-    moment1 += (1.0 - beta1) * g
+    moment1 += xp.multiply(g, 1.0 - beta1, out=tmp)
     moment2 *= beta2
-    moment2 += (1.0 - beta2) * (g * g)
-    param -= lr_t * moment1 / (xp.sqrt(moment2) * c2 + epsilon)
+    xp.multiply(g, g, out=tmp)
+    tmp *= 1.0 - beta2
+    moment2 += tmp
+    xp.sqrt(moment2, out=tmp)
+    tmp += epsilon / c2
+    xp.divide(moment1, tmp, out=tmp)
+    tmp *= step
+    param -= tmp
     return param, moment1, moment2, beta1_pow, beta2_pow
 
 

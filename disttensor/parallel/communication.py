@@ -27,7 +27,12 @@ __all__ = ["ReduceOp", "Group", "new_group", "all_reduce", "all_gather", "broadc
 
 
 class ReduceOp:
-    """Reduce operations (Paddle's ``paddle.distributed.ReduceOp``)."""
+    """Reduce operations (Paddle's ``paddle.distributed.ReduceOp``).
+
+    Example::
+
+        dt.all_reduce(t, op=dt.ReduceOp.MAX)
+    """
 
     SUM = 0
     MAX = 1
@@ -45,7 +50,13 @@ class Group:
 
     ``ranks`` (global ranks, in group order), ``nranks``, ``rank`` (this process's rank in the
     group, -1 when it is not a member), ``process_group`` (the ``collectives`` group, None for
-    non-members)."""
+    non-members).
+
+    Example::
+
+        g = dt.new_group([0, 1])
+        dt.all_reduce(t, group=g)        # only ranks 0 and 1 call it
+    """
 
     def __init__(self, ranks: Sequence[int], process_group: Any):
         self.ranks = list(ranks)
@@ -239,7 +250,12 @@ def reduce_scatter(tensor: Any, tensor_list: Sequence[Any], op: int = ReduceOp.S
 
 
 def barrier(group: Group | None = None) -> None:
-    """Block until every member of ``group`` (default: the world) has called it."""
+    """Block until every member of ``group`` (default: the world) has called it.
+
+    Example::
+
+        dt.barrier()                       # every rank waits for the others
+    """
     g = _group("barrier", group)
     if g.is_member():
         _run(g, lambda pg: pg.barrier())

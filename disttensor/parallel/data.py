@@ -26,7 +26,13 @@ __all__ = ["ShardDataloader", "shard_dataloader"]
 
 class ShardDataloader:
     """Iterates a :class:`~disttensor.io.DataLoader` as distributed batches; see
-    :func:`shard_dataloader`."""
+    :func:`shard_dataloader`.
+
+    Example::
+
+        for x, y in dt.shard_dataloader(loader, mesh, shard_dims="dp"):
+            loss = loss_fn(model(x), y)   # x: Shard(0) on "dp"
+    """
 
     def __init__(self, dataloader: Any, meshes: ProcessMesh | Sequence[ProcessMesh],
                  input_keys: Sequence[str] | None = None,

@@ -19,7 +19,13 @@ _global_mesh: ProcessMesh | None = None
 
 
 def set_mesh(mesh: ProcessMesh) -> None:
-    """Make ``mesh`` the global mesh that :func:`parallelize` (and ``get_mesh``) use."""
+    """Make ``mesh`` the global mesh that :func:`parallelize` (and ``get_mesh``) use.
+
+    Example::
+
+        dt.set_mesh(dt.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "mp"]))
+        model, opt = dt.parallelize(model, opt, config=config)   # uses that mesh
+    """
     global _global_mesh
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"set_mesh: mesh must be a ProcessMesh, got {type(mesh).__name__}")
@@ -27,7 +33,12 @@ def set_mesh(mesh: ProcessMesh) -> None:
 
 
 def get_mesh() -> ProcessMesh | None:
-    """The mesh set by :func:`set_mesh` (None before)."""
+    """The mesh set by :func:`set_mesh` (None before).
+
+    Example::
+
+        mesh = dt.get_mesh() or dt.ProcessMesh([0, 1], dim_names=["dp"])
+    """
     return _global_mesh
 
 
@@ -73,6 +84,7 @@ class DeviceMesh(ProcessMesh):
     def __init__(self, device_type: str, mesh, *, mesh_dim_names: Sequence[str] | None = None):
         super().__init__(mesh, None if mesh_dim_names is None else list(mesh_dim_names))
         self.device_type = str(device_type)
+        self.parent: DeviceMesh | None = None   # the mesh this one was sliced from
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
@@ -90,8 +102,10 @@ class DeviceMesh(ProcessMesh):
         index = tuple(slice(None) if d in dims else coord[d] for d in range(self.ndim))
         # grid[index] keeps the named dims in mesh order; put them in the order asked for
         sub = np.transpose(grid[index], [sorted(dims).index(d) for d in dims])
-        return DeviceMesh(self.device_type, sub.tolist(),
-                          mesh_dim_names=[self.dim_names[d] for d in dims])
+        out = DeviceMesh(self.device_type, sub.tolist(),
+                         mesh_dim_names=[self.dim_names[d] for d in dims])
+        out.parent = self.parent or self
+        return out
 
     def size(self, mesh_dim: str | int | None = None) -> int:
         """The number of ranks (along ``mesh_dim`` when given)."""

@@ -19,7 +19,9 @@ from ..distributed.api import reshard, shard_tensor
 from ..nn.layer import Layer
 from ..ops import transpose
 from ..tensor import Tensor
+from .lazy import fill_placed, is_lazy, materialize
 from .mesh import get_mesh, mesh_dim_index, set_mesh
+from .sharding import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
 
 __all__ = ["PlanBase", "ColWiseParallel", "RowWiseParallel", "SequenceParallelBegin",
            "SequenceParallelEnd", "SequenceParallelEnable", "SequenceParallelDisable",
@@ -30,7 +32,8 @@ __all__ = ["PlanBase", "ColWiseParallel", "RowWiseParallel", "SequenceParallelBe
 
 class ParamPlacer:
     """Replaces dense parameters (and buffers) of layers by distributed ones, once per tensor:
-    a tensor shared by several layers becomes one distributed tensor everywhere."""
+    a tensor shared by several layers becomes one distributed tensor everywhere; a lazy
+    parameter (:class:`LazyGuard`) is sampled piece by piece."""
 
     def __init__(self, mesh: ProcessMesh):
         self.mesh = mesh
@@ -43,7 +46,9 @@ class ParamPlacer:
             return
         new = self.placed.get(id(old))
         if new is None:
-            new = self.placed[id(old)] = shard_tensor(old, self.mesh, list(placements))
+            new = materialize(old, self.mesh, placements) if is_lazy(old) else \
+                shard_tensor(old, self.mesh, list(placements))
+            self.placed[id(old)] = new
             self.originals[id(old)] = old
         setattr(layer, name, new)
 
@@ -228,7 +233,12 @@ class RowWiseParallel(PlanBase):
 
 class SequenceParallelBegin(PlanBase):
     """Marks the last layer before a sequence-parallel region: its output ``[b, s, h]`` becomes
-    ``[s, b, h]`` (``need_transpose``) sharded on the sequence dim over "mp"."""
+    ``[s, b, h]`` (``need_transpose``) sharded on the sequence dim over "mp".
+
+    Example::
+
+        {"embed": dt.SequenceParallelBegin(), "head": dt.SequenceParallelEnd()}
+    """
 
     def __init__(self, need_transpose: bool = True):
         self.need_transpose = bool(need_transpose)
@@ -240,7 +250,12 @@ class SequenceParallelBegin(PlanBase):
 
 class SequenceParallelEnd(PlanBase):
     """Marks the first layer after a sequence-parallel region: its input is gathered on "mp"
-    and turned back from ``[s, b, h]`` to ``[b, s, h]`` (``need_transpose``)."""
+    and turned back from ``[s, b, h]`` to ``[b, s, h]`` (``need_transpose``).
+
+    Example::
+
+        {"embed": dt.SequenceParallelBegin(), "head": dt.SequenceParallelEnd()}
+    """
 
     def __init__(self, need_transpose: bool = True):
         self.need_transpose = bool(need_transpose)
@@ -252,7 +267,12 @@ class SequenceParallelEnd(PlanBase):
 
 class SequenceParallelEnable(PlanBase):
     """Sequence parallelism for one layer: its ``[b, s, h]`` input is split on the sequence
-    dim (as ``[s, b, h]``) and its output gathered back."""
+    dim (as ``[s, b, h]``) and its output gathered back.
+
+    Example::
+
+        {"layers.*.norm": dt.SequenceParallelEnable()}
+    """
 
     def apply(self, layer, mesh, params, placer):
         layer.register_forward_pre_hook(lambda _l, inputs: _split_sequence(inputs, mesh, True))
@@ -262,7 +282,12 @@ class SequenceParallelEnable(PlanBase):
 class SequenceParallelDisable(PlanBase):
     """A layer inside a sequence-parallel region that needs the whole sequence: its input is
     gathered (and transposed back to ``[b, s, h]`` when ``need_transpose``) and its output split
-    again."""
+    again.
+
+    Example::
+
+        {"layers.*.attn": dt.SequenceParallelDisable()}
+    """
 
     def __init__(self, need_transpose: bool = True):
         self.need_transpose = bool(need_transpose)
@@ -276,7 +301,15 @@ class SequenceParallelDisable(PlanBase):
 
 class PrepareLayerInput(PlanBase):
     """``fn(process_mesh=mesh)`` returns a forward pre-hook ``hook(layer, inputs)`` for the
-    layer."""
+    layer.
+
+    Example::
+
+        def to_replicate(process_mesh):
+            return lambda layer, inputs: tuple(
+                dt.reshard(x, process_mesh, [dt.Replicate()] * process_mesh.ndim) for x in inputs)
+        {"fc1": dt.PrepareLayerInput(to_replicate)}
+    """
 
     def __init__(self, fn: Callable[..., Callable]):
         if not callable(fn):
@@ -289,7 +322,15 @@ class PrepareLayerInput(PlanBase):
 
 class PrepareLayerOutput(PlanBase):
     """``fn(process_mesh=mesh)`` returns a forward post-hook ``hook(layer, inputs, output)``
-    for the layer."""
+    for the layer.
+
+    Example::
+
+        def to_replicate(process_mesh):
+            return lambda layer, inputs, out: dt.reshard(
+                out, process_mesh, [dt.Replicate()] * process_mesh.ndim)
+        {"fc2": dt.PrepareLayerOutput(to_replicate)}
+    """
 
     def __init__(self, fn: Callable[..., Callable]):
         if not callable(fn):
@@ -376,11 +417,11 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
     parameter name places only that parameter — to a plan or a list of plans; the mesh needs an
     "mp" dim. Parameters no plan places are replicated. ``config["dp_config"]`` puts the model's
     dense tensor inputs as ``Shard(0)`` on the "dp" dim (inputs from ``shard_dataloader`` are
-    already there), and parameter gradients are then summed over "dp" by the runtime.
-    ``sharding_level`` 1-3 (ZeRO) is accepted but not applied yet: optimizer states,
-    gradients and parameters stay whole per rank until ``shard_optimizer`` lands (a warning
-    says so). ``pp_config`` is not supported. ``model`` is changed in place and returned with
-    ``optimizer``, now pointing at the distributed parameters.
+    already there), and parameter gradients are then summed over "dp" by the runtime;
+    ``dp_config["sharding_level"]`` 1, 2 or 3 applies ZeRO to ``optimizer`` on "dp"
+    (:func:`shard_optimizer` with ``ShardingStage1/2/3``). ``pp_config`` is not supported.
+    ``model`` is changed in place and returned with ``optimizer``, now pointing at the
+    distributed parameters.
 
     Bad input (a key matching no sublayer, a plan that does not fit its layer, a mesh without
     the "mp"/"dp" dim a config needs) raises on every rank before any parameter changes.
@@ -430,10 +471,9 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
         if level not in ("0", "1", "2", "3"):
             raise ValueError(f"{fn}: dp_config sharding_level must be 0, 1, 2 or 3, got "
                              f"{dp_config['sharding_level']!r}")
-        if level != "0":
-            warnings.warn(f"{fn}: sharding_level={level} (ZeRO) is not applied yet: running "
-                          "plain data parallelism (states, gradients and parameters whole on "
-                          "each rank)", stacklevel=2)
+        if level != "0" and optimizer is None:
+            raise ValueError(f"{fn}: dp_config sharding_level={level} shards the optimizer; "
+                             "pass the optimizer")
     set_mesh(mesh)
     placer = ParamPlacer(mesh)
     for _, layer, plan, params in matched:
@@ -442,6 +482,9 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
     if dp is not None:
         model.register_forward_pre_hook(_shard_inputs_on_dp(mesh, dp))
     _rebind_optimizer(fn, optimizer, placer.mapping())
+    if dp is not None and level != "0":
+        stage = (ShardingStage1, ShardingStage2, ShardingStage3)[int(level) - 1]
+        optimizer = shard_optimizer(optimizer, stage(dp, mesh))
     return model, optimizer
 
 
@@ -454,7 +497,8 @@ def shard_layer(layer: Layer, process_mesh: ProcessMesh,
     ``shard_fn(name, sublayer, process_mesh)`` is called for every sublayer (the layer itself
     first, name "") and may replace its parameters with ``shard_tensor(...)`` results; whatever
     is still dense afterwards is replicated on ``process_mesh`` (a tensor shared by several
-    sublayers becomes one distributed tensor). ``input_fn(inputs, process_mesh)`` becomes a
+    sublayers becomes one distributed tensor). Lazy parameters (:class:`LazyGuard`) get only
+    this rank's pieces sampled. ``input_fn(inputs, process_mesh)`` becomes a
     forward pre-hook (its result replaces the inputs) and ``output_fn(outputs, process_mesh)``
     a forward post-hook. No communication while placing.
 
@@ -475,7 +519,13 @@ def shard_layer(layer: Layer, process_mesh: ProcessMesh,
             raise TypeError(f"shard_layer: {fname} must be callable, got {type(f).__name__}")
     if shard_fn is not None:
         for name, sub in layer.named_sublayers(include_self=True):
+            lazy = {n: p for n, p in sub.named_parameters(include_sublayers=False)
+                    if is_lazy(p)}
             shard_fn(name, sub, process_mesh)
+            for n, p in lazy.items():  # shard_tensor sliced a placeholder: sample the piece
+                new = getattr(sub, n)
+                if new is not p and isinstance(new, Tensor) and new.is_dist():
+                    fill_placed(p, new)
     ParamPlacer(process_mesh).replicate_rest(layer)
     if input_fn is not None:
         layer.register_forward_pre_hook(lambda _l, inputs: input_fn(inputs, process_mesh))

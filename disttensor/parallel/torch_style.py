@@ -17,17 +17,19 @@ import collectives
 from spmd_rules import Placement, ProcessMesh, Replicate, Shard
 
 from ..autograd import no_grad
-from ..distributed.api import (dtensor_from_local, dtensor_to_local, reshard, shard_tensor,
-                               unshard_dtensor)
+from ..distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_to,
+                               shard_tensor, unshard_dtensor)
 from ..distributed.mesh_groups import get_rank
 from ..nn.common import Embedding, Linear
 from ..nn.layer import Layer, Parameter
 from ..ops import to_tensor
 from ..tensor import Tensor
-from .mesh import get_mesh
+from .mesh import DeviceMesh, get_mesh
+from .sharding import dp_layout
 
 __all__ = ["DTensor", "distribute_tensor", "parallelize_module", "ParallelStyle",
-           "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "TENSOR_METHODS"]
+           "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "fully_shard",
+           "TENSOR_METHODS"]
 
 
 def _placements(fn: str, placements: Any, ndim: int) -> list[Placement]:
@@ -88,7 +90,13 @@ class _DTensorMeta(type):
 
 class DTensor(metaclass=_DTensorMeta):
     """PyTorch's ``DTensor`` name: ``isinstance(x, DTensor)`` is true for distributed
-    tensors, and :meth:`from_local` builds one from per-rank pieces."""
+    tensors, and :meth:`from_local` builds one from per-rank pieces.
+
+    Example::
+
+        x = dt.DTensor.from_local(np.ones((2, 3)), mesh, [dt.Shard(0)])
+        assert isinstance(x, dt.DTensor)
+    """
 
     @staticmethod
     def from_local(local_tensor: Any, device_mesh: ProcessMesh | None = None,
@@ -120,13 +128,23 @@ def _require_dist(fn: str, t: Tensor) -> None:
 
 
 def to_local(self: Tensor) -> Tensor:
-    """This rank's piece as a dense tensor sharing the buffer (differentiable)."""
+    """This rank's piece as a dense tensor sharing the buffer (differentiable).
+
+    Example::
+
+        piece = x.to_local()            # this rank's rows
+    """
     _require_dist("to_local", self)
     return dtensor_to_local(self)
 
 
 def full_tensor(self: Tensor) -> Tensor:
-    """The global value as a dense tensor on every member (an all-gather; differentiable)."""
+    """The global value as a dense tensor on every member (an all-gather; differentiable).
+
+    Example::
+
+        whole = x.full_tensor()          # all-gathered, dense
+    """
     _require_dist("full_tensor", self)
     return unshard_dtensor(self)
 
@@ -134,7 +152,12 @@ def full_tensor(self: Tensor) -> Tensor:
 def redistribute(self: Tensor, device_mesh: ProcessMesh | None = None,
                  placements: Sequence[Placement] | None = None, *,
                  async_op: bool = False) -> Tensor:
-    """``reshard`` to ``placements`` on ``device_mesh`` (each defaults to the current one)."""
+    """``reshard`` to ``placements`` on ``device_mesh`` (each defaults to the current one).
+
+    Example::
+
+        y = x.redistribute(placements=[dt.Replicate()])
+    """
     _require_dist("redistribute", self)
     mesh = self.process_mesh if device_mesh is None else device_mesh
     pl = self.placements if placements is None else \
@@ -180,26 +203,34 @@ class ParallelStyle:
             x = inputs[0]
             if not x.is_dist():
                 x = dtensor_from_local(x, mesh, [given])
-            if not _laid_out(x, mesh, desired_input):
-                x = reshard(x, mesh, [desired_input])
-            return (x,) + tuple(inputs[1:])
+            return (_lay_out(x, mesh, desired_input),) + tuple(inputs[1:])
 
         def prepare_output(_m, _inputs, out):
             if not isinstance(out, Tensor) or not out.is_dist():
                 return None
-            if not _laid_out(out, mesh, want_out):
-                out = reshard(out, mesh, [want_out])
+            out = _lay_out(out, mesh, want_out)
             return dtensor_to_local(out) if self.use_local_output else out
 
         module.register_forward_pre_hook(prepare_input)
         module.register_forward_post_hook(prepare_output)
 
 
-def _laid_out(t: Tensor, mesh: ProcessMesh, placement: Placement) -> bool:
-    """Whether ``t`` is on ``mesh`` as ``[placement]`` (negative Shard dims normalized)."""
+def _lay_out(t: Tensor, mesh: ProcessMesh, placement: Placement) -> Tensor:
+    """``t`` as ``[placement]`` on the 1-d ``mesh`` (negative Shard dims normalized). A tensor
+    on a larger mesh with ``mesh``'s dim name (a module :func:`fully_shard` lifted to the
+    parent mesh) gets ``placement`` on that dim, its other dims unchanged."""
     if isinstance(placement, Shard) and t.ndim:
         placement = Shard(placement.dim % t.ndim)
-    return t.process_mesh == mesh and list(t.placements) == [placement]
+    own = t.process_mesh
+    if own == mesh:
+        want, target = [placement], mesh
+    elif mesh.dim_names[0] in own.dim_names:
+        want, target = list(t.placements), own
+        want[own.dim_names.index(mesh.dim_names[0])] = placement
+    else:
+        raise ValueError(f"parallelize_module: a tensor on {own} reached a module "
+                         f"parallelized on {mesh}")
+    return t if list(t.placements) == want else reshard(t, target, want)
 
 
 def _place(module: Layer, name: str, mesh: ProcessMesh, pl: list[Placement],
@@ -220,7 +251,12 @@ class ColwiseParallel(ParallelStyle):
     (weight ``Shard(1)`` in disttensor's ``[in, out]`` layout, bias ``Shard(0)``), an
     Embedding's embedding dim (``Shard(1)``). Input: given as ``input_layouts`` (default
     Replicate), used replicated; output: ``output_layouts`` (default ``Shard(-1)``), a local
-    tensor when ``use_local_output`` (default)."""
+    tensor when ``use_local_output`` (default).
+
+    Example::
+
+        dt.parallelize_module(mlp, mesh["tp"], {"fc1": dt.ColwiseParallel()})
+    """
 
     def __init__(self, *, input_layouts: Placement | None = None,
                  output_layouts: Placement | None = None, use_local_output: bool = True):
@@ -241,7 +277,12 @@ class RowwiseParallel(ParallelStyle):
     ``Shard(0)`` in the ``[in, out]`` layout, bias replicated), an Embedding's vocabulary
     (``Shard(0)``). Input: given as ``input_layouts`` (default ``Shard(-1)``; an Embedding's
     ids are used replicated); output: ``output_layouts`` (default Replicate: the all-reduce of
-    the partial sums), a local tensor when ``use_local_output`` (default)."""
+    the partial sums), a local tensor when ``use_local_output`` (default).
+
+    Example::
+
+        dt.parallelize_module(mlp, mesh["tp"], {"fc2": dt.RowwiseParallel()})
+    """
 
     def __init__(self, *, input_layouts: Placement | None = None,
                  output_layouts: Placement | None = None, use_local_output: bool = True):
@@ -261,7 +302,12 @@ class RowwiseParallel(ParallelStyle):
 class SequenceParallel(ParallelStyle):
     """Sequence parallelism (PyTorch's ``SequenceParallel``) for modules that act on each
     position alone (norms, dropout): parameters replicated, input and output sharded on
-    ``sequence_dim``; the output stays distributed unless ``use_local_output``."""
+    ``sequence_dim``; the output stays distributed unless ``use_local_output``.
+
+    Example::
+
+        dt.parallelize_module(block, mesh["tp"], {"norm": dt.SequenceParallel()})
+    """
 
     def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = False):
         super().__init__(Shard(sequence_dim), Shard(sequence_dim), use_local_output)
@@ -335,4 +381,79 @@ def parallelize_module(module: Layer, device_mesh: ProcessMesh | None = None,
         style.check(name, m)
     for _, m, style in targets:
         style.apply(m, mesh, src_data_rank)
+    return module
+
+
+# -- FSDP ------------------------------------------------------------------------------------
+
+def _check_lift(fn: str, p: Tensor, parent: ProcessMesh) -> None:
+    """Raise unless ``p`` is dense, on ``parent`` or on a sub-mesh ``parent[names]``."""
+    own = p.process_mesh if p.is_dist() else parent
+    if own != parent and not (isinstance(parent, DeviceMesh)
+                              and set(own.dim_names) <= set(parent.dim_names)
+                              and own == parent[own.dim_names]):
+        raise ValueError(f"{fn}: parameter '{p._label()}' is on {own}, which is not a "
+                         f"sub-mesh of {parent}")
+
+
+def _lift(p: Tensor, parent: ProcessMesh) -> Tensor:
+    """``p`` (checked by :func:`_check_lift`) as a tensor on ``parent``: a dense one
+    replicated, one on a sub-mesh with its placements on the sub-mesh's dims and Replicate
+    elsewhere (its piece is the same along the other dims)."""
+    if not p.is_dist():
+        return shard_tensor(p, parent, [Replicate()] * parent.ndim)
+    own = p.process_mesh
+    if own == parent:
+        return p
+    pl = [Replicate()] * parent.ndim
+    for name, q in zip(own.dim_names, p.placements):
+        pl[parent.dim_names.index(name)] = q
+    return dtensor_from_local(dtensor_to_local(p), parent, pl, shape=p.shape)
+
+
+def fully_shard(module: Layer, *, mesh: ProcessMesh | None = None,
+                reshard_after_forward: bool = True) -> Layer:
+    """Shard every parameter of ``module`` over the data-parallel mesh ``mesh`` (PyTorch's
+    FSDP2 ``fully_shard``; ZeRO stage 3, as :class:`ShardingStage3`): each parameter is
+    resharded in place (same Tensor object) to its layout plus ``mesh``'s dim sharding one
+    tensor dim. With ``mesh = device_mesh["dp"]`` of a 2-d mesh whose other dim a
+    ``parallelize_module`` used, parameters move from the ``mesh["tp"]`` sub-mesh to the 2-d
+    mesh first ([Shard(0) on dp, the TP placement on tp]) and the styles' hooks lay activations
+    out on the tp dim of the 2-d mesh. An op gathers a parameter over dp where its rule needs
+    it whole, in forward and backward, and its gradient is reduce-scattered; create the
+    optimizer afterwards so its states take the sharded layout.
+
+    Feed the model DTensors on the 2-d mesh (``distribute_tensor(batch, mesh, [Shard(0),
+    Replicate()])``) and use ``use_local_output=False`` styles, so the loss is the global one.
+    ``reshard_after_forward`` must be True (parameters are never kept gathered).
+    Collective: a small all-gather of shapes per lifted parameter, no data movement beyond
+    dropping slices.
+
+    Example::
+
+        mesh = dt.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        dt.parallelize_module(model, mesh["tp"], plan)
+        dt.fully_shard(model, mesh=mesh["dp"])
+    """
+    fn = "fully_shard"
+    if not isinstance(module, Layer):
+        raise TypeError(f"{fn}: module must be a Layer, got {type(module).__name__}")
+    if not reshard_after_forward:
+        raise NotImplementedError(f"{fn}: reshard_after_forward=False (keeping parameters "
+                                  "gathered between forward and backward) is not supported")
+    mesh = mesh if mesh is not None else get_mesh()
+    if not isinstance(mesh, ProcessMesh) or mesh.ndim != 1:
+        raise ValueError(f"{fn}: mesh must be a 1-d (data-parallel) mesh, got {mesh!r}")
+    parent = getattr(mesh, "parent", None) or mesh
+    dp = parent.dim_names.index(mesh.dim_names[0])
+    params = list({id(p): p for p in module.parameters()}.values())
+    for p in params:  # every parameter is checked before any changes
+        _check_lift(fn, p, parent)
+    with no_grad():
+        for p in params:
+            lifted = _lift(p, parent)
+            v = lifted._value
+            p._value = reshard_to(lifted, parent,
+                                  dp_layout(tuple(v.shape), v.dist_attr, dp))._value
+            p.grad = None
     return module

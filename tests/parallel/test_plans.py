@@ -3,7 +3,6 @@ run (values and gradients), sequence parallelism, hooks, and bad plans failing b
 change."""
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest
@@ -192,21 +191,22 @@ def test_sequence_parallel_enable_on_one_layer():
     np.testing.assert_allclose(holder(x).numpy(), dense, rtol=1e-5, atol=1e-6)
 
 
-def test_prepare_layer_output_and_sharding_level_notice():
+def test_prepare_layer_output_and_sharding_level():
     mesh = dp_mp()
     model, opt = _fresh()
 
     def to_replicate(process_mesh):
         return lambda layer, inputs, out: dt.reshard(out, process_mesh,
                                                      [Replicate()] * process_mesh.ndim)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        dt.parallelize(model, opt, mesh, {"dp_config": {"sharding_level": 2}, "mp_config": {
+    model, opt = dt.parallelize(model, opt, mesh, {
+        "dp_config": {"sharding_level": 2}, "mp_config": {
             "parallelize_plan": {"mlp.fc1": [dt.ColWiseParallel(),
                                              dt.PrepareLayerOutput(to_replicate)]}}})
-    assert any("sharding_level=2" in str(x.message) for x in w)
+    assert isinstance(opt._shard_fn, dt.ShardingStage2)
     h = model.mlp.fc1(dt.to_tensor(DATA[0]))
     assert h.placements == [Replicate(), Replicate()]
+    with pytest.raises(ValueError, match="sharding_level=3 shards the optimizer"):
+        dt.parallelize(_fresh()[0], None, mesh, {"dp_config": {"sharding_level": 3}})
 
 
 def test_bad_plans_raise_before_any_parameter_changes():

@@ -170,3 +170,64 @@ def test_parallelize_module_bad_input_changes_nothing():
     assert all(stack[i].fc1.weight.is_dist() and stack[i].fc2.weight.is_dist()
                for i in range(2))
     assert not isinstance(stack[0].fc2.weight.placements[0], Partial)
+
+
+class _Block(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def test_fully_shard_after_tp_lifts_to_the_2d_mesh_and_equals_dense():
+    """TP on mesh["tp"], then fully_shard on mesh["dp"]: parameters on the 2-d mesh with dp
+    sharding added to the TP layout; 3 SGD steps equal numpy's."""
+    mesh = device_mesh()
+    dt.seed(5)
+    model = _Block()
+    w1, b1 = model.fc1.weight.numpy(), model.fc1.bias.numpy()
+    w2, b2 = model.fc2.weight.numpy(), model.fc2.bias.numpy()
+    dt.parallelize_module(model, mesh["tp"], {
+        "fc1": dt.ColwiseParallel(use_local_output=False),
+        "fc2": dt.RowwiseParallel(use_local_output=False)})
+    fc1_weight = model.fc1.weight
+    dt.fully_shard(model, mesh=mesh["dp"])
+    assert model.fc1.weight is fc1_weight and fc1_weight.process_mesh == mesh
+    assert fc1_weight.placements == [Shard(0), Shard(1)]
+    assert model.fc2.weight.placements == [Shard(1), Shard(0)]
+    assert model.fc2.bias.placements == [Shard(0), Replicate()]
+    opt = dt.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        x, y = rng.standard_normal((8, 6)), rng.standard_normal((8, 5))
+        xd = dt.distribute_tensor(x.astype(np.float32), mesh, [Shard(0), Replicate()])
+        yd = dt.distribute_tensor(y.astype(np.float32), mesh, [Shard(0), Replicate()])
+        loss = F.mse_loss(model(xd), yd)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        h = x @ w1 + b1
+        r = np.maximum(h, 0)
+        g = 2 * (r @ w2 + b2 - y) / y.size
+        gh = (g @ w2.T) * (h > 0)
+        w2, b2 = w2 - 0.1 * r.T @ g, b2 - 0.1 * g.sum(0)
+        w1, b1 = w1 - 0.1 * x.T @ gh, b1 - 0.1 * gh.sum(0)
+    for p, want in ((model.fc1.weight, w1), (model.fc1.bias, b1), (model.fc2.weight, w2),
+                    (model.fc2.bias, b2)):
+        np.testing.assert_allclose(p.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_fully_shard_bad_input_changes_nothing():
+    mesh = device_mesh()
+    model = _Block()
+    other = dt.ProcessMesh(mesh.mesh, dim_names=["a", "b"])
+    model.fc1.weight = dt.shard_tensor(model.fc1.weight, other, [Replicate(), Replicate()])
+    before = model.fc2.weight
+    with pytest.raises(ValueError, match="fully_shard: parameter .* is not a sub-mesh"):
+        dt.fully_shard(model, mesh=mesh["dp"])
+    assert model.fc2.weight is before and not before.is_dist()
+    with pytest.raises(ValueError, match="fully_shard: mesh must be a 1-d"):
+        dt.fully_shard(_Block(), mesh=mesh)

@@ -1,0 +1,164 @@
+"""Memory planning: peak bytes and step time of captured steps in their planned arena, against
+eager and against replay without a plan; and the planner's own speed.
+
+    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/memory.py [--quick]   # also -n 1, -n 2
+
+Prints JSON on rank 0:
+
+* ``steps``: for train.py's MLP and GPT at the default and the larger size, the most any rank
+  holds at once during one step (tracemalloc, which sees numpy's buffers; bytes above what was
+  allocated before the step): ``eager_peak``, ``unplanned_peak`` (captured, each kernel
+  allocating as eager mode does) and ``planned_peak`` (captured, temporaries in the arena: the
+  arena's bytes plus what the step allocates besides); ``planned_vs_eager`` (target <= 0.75 at
+  the larger GPT); the arena, its lower bound and the no-reuse total (rank 0); median step times
+  and ``time_planned_vs_unplanned`` (target <= 1.0);
+* ``liveness_4000_ops_ms``: worklist liveness of a synthetic program shaped like seed 003's
+  se-resnext (residual blocks, a backward that reads the saved activations), median (target
+  <= 20 ms);
+* ``plan_8000_buffers_ms``: the arena planner on 8000 buffers of a training step's shape (half
+  of the forward activations saved for backward), median (target <= 250 ms).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples")]
+
+import disttensor as dt  # noqa: E402
+import train  # noqa: E402
+from disttensor.jit import peak_bytes  # noqa: E402
+from disttensor.jit.memory import Block, Buffer, aligned, live_ranges, plan_arena  # noqa: E402
+
+
+def _max_over_ranks(x: int) -> int:
+    return int(MPI.COMM_WORLD.allreduce(x, op=MPI.MAX))
+
+
+def bench_step(model_name: str, size: str, steps: int, plot: str | None = None) -> dict:
+    mesh = train.default_mesh(dt.get_world_size())
+    batch = 16 if size == "default" else 32
+    out: dict = {"mesh": list(mesh.shape), "batch": batch}
+    for mode in ("eager", "unplanned", "planned"):
+        model, opt, batches = train.build(model_name, 3, mesh, batch=batch, size=size)
+        step = (lambda x, y: train.train_step(model, opt, x, y))
+        if mode != "eager":
+            step = dt.jit.to_static(step, plan_memory=(mode == "planned"))
+        data = [train.to_tensors(*b, mesh) for b in batches]
+        for k in range(3):  # the captures, and warm caches
+            step(*data[k % 4])
+        times, peaks = [], []
+        for k in range(steps):
+            MPI.COMM_WORLD.Barrier()
+            t0 = time.perf_counter()
+            step(*data[k % 4]).numpy()
+            times.append(time.perf_counter() - t0)
+        for k in range(3):  # peaks apart from timing: tracemalloc slows allocations down
+            _, peak = peak_bytes(step, *data[k % 4])
+            peaks.append(peak)
+        arena = 0
+        if mode == "planned":
+            report = step.program.memory_report()
+            arena = report["arena_bytes"]
+            out.update(arena_bytes=arena, lower_bound_bytes=report["lower_bound_bytes"],
+                       no_reuse_bytes=report["no_reuse_bytes"], strategy=report["strategy"],
+                       arena_vs_lower_bound=report["vs_lower_bound"])
+            if plot and dt.get_rank() == 0:
+                step.program.plot_memory(plot)
+        out[f"{mode}_peak"] = _max_over_ranks(max(peaks) + arena)
+        out[f"{mode}_ms"] = round(float(np.median(times)) * 1e3, 3)
+    out["planned_vs_eager"] = round(out["planned_peak"] / out["eager_peak"], 3)
+    out["unplanned_vs_eager"] = round(out["unplanned_peak"] / out["eager_peak"], 3)
+    out["time_planned_vs_unplanned"] = round(out["planned_ms"] / out["unplanned_ms"], 3)
+    return out
+
+
+def seed_program(n_ops: int = 4000) -> tuple[list[Block], int]:
+    """A straight-line training program like seed 003's se-resnext: forward residual blocks of
+    three ops and an add, then a backward op per forward op reading the gradient, the op's
+    input and its output."""
+    instrs, fwd, n = [], [], 1
+    x = 0
+    while len(instrs) < n_ops // 2:
+        block_in = x
+        for k in range(4):
+            y = n
+            n += 1
+            uses = (1 << x) | ((1 << block_in) if k == 3 else 0)
+            instrs.append((uses, 1 << y))
+            fwd.append((x, y))
+            x = y
+    g = n
+    n += 1
+    instrs.append((1 << x, 1 << g))
+    for a, y in reversed(fwd):
+        if len(instrs) >= n_ops:
+            break
+        instrs.append(((1 << g) | (1 << a) | (1 << y), 1 << n))
+        g, n = n, n + 1
+    return [Block(instrs)], n
+
+
+def training_buffers(n: int = 8000, seed: int = 0) -> list[Buffer]:
+    """``n`` buffers of a training step's shape: ``n / 2`` forward activations (half saved until
+    the mirrored backward op), then ``n / 2`` short-lived backward temporaries."""
+    rng = random.Random(seed)
+    half, out = n // 2, []
+    for i in range(half):
+        size = aligned(4096 * rng.choice([1, 2, 4, 8]) * rng.randint(1, 4))
+        last = 2 * half - 1 - i if rng.random() < 0.5 else i + rng.randint(1, 3)
+        out.append(Buffer(len(out), size, i, last))
+    for i in range(half):
+        t = half + i
+        out.append(Buffer(len(out), aligned(4096 * rng.choice([1, 2, 4])), t,
+                          min(2 * half - 1, t + rng.randint(1, 3))))
+    return out
+
+
+def bench_planner(repeat: int) -> dict:
+    blocks, n_values = seed_program()
+    t_live = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        live_ranges(blocks, n_values)
+        t_live.append(time.perf_counter() - t0)
+    buffers = training_buffers()
+    t_plan, plan = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        plan = plan_arena(buffers)
+        t_plan.append(time.perf_counter() - t0)
+    return {"liveness_4000_ops_ms": round(float(np.median(t_live)) * 1e3, 2),
+            "liveness_values": n_values,
+            "plan_8000_buffers_ms": round(float(np.median(t_plan)) * 1e3, 1),
+            "plan_8000_strategy": plan.strategy, "plan_8000_tried": plan.tried,
+            "plan_8000_vs_lower_bound": round(plan.size / plan.lower_bound, 5)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    p.add_argument("--plot", metavar="PATH", help="also draw the larger GPT's arena (rank 0)")
+    args = p.parse_args()
+    dt.init_parallel_env()
+    steps = 5 if args.quick else 20
+    result: dict = {"world_size": dt.get_world_size(), "steps": {}}
+    for name in ("mlp", "gpt"):
+        for size in ("default", "large"):
+            plot = args.plot if (name, size) == ("gpt", "large") else None
+            result["steps"][f"{name}_{size}"] = bench_step(name, size, steps, plot)
+    if dt.get_rank() == 0:
+        result["planner"] = bench_planner(3 if args.quick else 9)
+        print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Memory planning (seed 003): worklist liveness, arena placement, the verifier, and captured
+training steps replayed in their planned arena.
+
+Oracles: liveness against a naive fixed point over Python sets; the lower bound against a numpy
+occupancy array over instructions; arena plans against a brute-force overlap check."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+
+import disttensor as dt
+from disttensor.jit import verify
+from disttensor.jit.memory import (ALIGN, Block, Buffer, OverlapError, STRATEGIES, aligned,
+                                   check_arena, live_ranges, liveness, lower_bound, plan_arena)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+import train  # noqa: E402
+
+EXAMPLE = os.path.join(HERE, "..", "data", "memory_planning_example.json")  # from ../shared/data
+
+
+def _example() -> tuple[list[Buffer], dict]:
+    with open(EXAMPLE) as f:
+        data = json.load(f)
+    # the paper's sizes in units of ALIGN bytes, so every size is aligned
+    return [Buffer(r["tensor"], r["size"] * ALIGN, r["first_op"], r["last_op"])
+            for r in data["records"]], data
+
+
+def _overlaps(buffers, offsets) -> list[tuple[int, int]]:
+    """Brute force: pairs live at one instruction that share a byte."""
+    bad = []
+    for i, a in enumerate(buffers):
+        for b in buffers[i + 1:]:
+            if a.first <= b.last and b.first <= a.last and \
+                    offsets[a.id] < offsets[b.id] + b.size and offsets[b.id] < offsets[a.id] + a.size:
+                bad.append((a.id, b.id))
+    return bad
+
+
+def _occupancy_bound(buffers) -> int:
+    n = max(b.last for b in buffers) + 1
+    live = np.zeros(n, np.int64)
+    for b in buffers:
+        live[b.first:b.last + 1] += b.size
+    return int(live.max())
+
+
+# -- the Pisarchyk & Lee example ---------------------------------------------------------------
+
+def test_paper_example_reaches_the_lower_bound():
+    buffers, data = _example()
+    assert lower_bound(buffers) == data["lower_bound"] * ALIGN == _occupancy_bound(buffers)
+    plan = plan_arena(buffers, list(STRATEGIES))
+    assert plan.no_reuse == data["no_reuse_total"] * ALIGN
+    assert plan.size == data["lower_bound"] * ALIGN  # 124: optimal
+    assert plan.tried["greedy_by_size"] == 124 * ALIGN
+    assert _overlaps(buffers, plan.offsets) == []
+    for name in STRATEGIES:  # every strategy alone gives a valid plan, never below the bound
+        p = plan_arena(buffers, [name])
+        assert _overlaps(buffers, p.offsets) == [] and p.size >= p.lower_bound
+
+
+def test_planner_refuses_unaligned_sizes():
+    with pytest.raises(ValueError, match="buffer 3 has size 100"):
+        plan_arena([Buffer(3, 100, 0, 1)])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_instances_are_valid_and_not_below_the_bound(seed):
+    rng = random.Random(seed)
+    n_ops = rng.randint(1, 60)
+    buffers = []
+    for i in range(rng.randint(1, 80)):
+        f = rng.randrange(n_ops)
+        buffers.append(Buffer(i, aligned(rng.randint(1, 5000)), f,
+                              min(n_ops - 1, f + rng.choice([0, 1, 2, 5, 30]))))
+    bound = _occupancy_bound(buffers)
+    plan = plan_arena(buffers, list(STRATEGIES))
+    assert plan.lower_bound == bound
+    assert plan.size >= bound and plan.size == min(plan.tried.values())
+    for name in STRATEGIES:
+        p = plan_arena(buffers, [name])
+        assert _overlaps(buffers, p.offsets) == [], name
+        assert all(o % ALIGN == 0 for o in p.offsets.values())
+        assert p.size >= bound
+        check_arena(buffers, p.offsets)  # the verifier agrees with brute force
+
+
+def test_verifier_names_both_buffers_of_a_corrupted_plan():
+    buffers, _ = _example()
+    plan = plan_arena(buffers)
+    offsets = dict(plan.offsets)
+    offsets[3] = offsets[2]  # tensors 2 and 3 are both live at ops 3..5
+    with pytest.raises(OverlapError, match=r"buffer (2|3) .* overlaps buffer (2|3)"):
+        check_arena(buffers, offsets)
+    offsets = dict(plan.offsets)
+    offsets[0] += 8
+    with pytest.raises(OverlapError, match="not a multiple of 64"):
+        check_arena(buffers, offsets)
+
+
+# -- liveness -----------------------------------------------------------------------------------
+
+def _naive_liveness(blocks):
+    """Round-robin fixed point over Python sets (the slow algorithm seed 003 replaced)."""
+    n = len(blocks)
+    live_in = [set() for _ in range(n)]
+    live_out = [set() for _ in range(n)]
+    changed = True
+    while changed:
+        changed = False
+        for b in range(n):
+            out = set().union(*(live_in[s] for s in blocks[b].succs)) if blocks[b].succs else set()
+            live = set(out)
+            for uses, defs in reversed(blocks[b].instrs):
+                live = (live - _ids(defs)) | _ids(uses)
+            if live != live_in[b] or out != live_out[b]:
+                live_in[b], live_out[b], changed = live, out, True
+    return live_in, live_out
+
+
+def _ids(bits: int) -> set[int]:
+    return {i for i in range(bits.bit_length()) if bits >> i & 1}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_worklist_liveness_equals_the_naive_fixed_point_with_loops(seed):
+    rng = random.Random(seed)
+    n_blocks, n_vals = rng.randint(1, 8), rng.randint(1, 30)
+    blocks = []
+    for b in range(n_blocks):
+        instrs = [(sum(1 << v for v in rng.sample(range(n_vals), rng.randint(0, min(3, n_vals)))),
+                   sum(1 << v for v in rng.sample(range(n_vals), rng.randint(0, min(2, n_vals)))))
+                  for _ in range(rng.randint(1, 6))]
+        succs = tuple(rng.sample(range(n_blocks), rng.randint(0, min(2, n_blocks))))  # loops too
+        blocks.append(Block(instrs, succs))
+    live_in, live_out = liveness(blocks)
+    naive_in, naive_out = _naive_liveness(blocks)
+    assert [_ids(x) for x in live_in] == naive_in
+    assert [_ids(x) for x in live_out] == naive_out
+
+
+def test_live_ranges_of_a_straight_line_program():
+    # v0 input; 0: v1 = f(v0); 1: v2 = g(v1, v0); 2: v3 = h(v1); 3: use v2, v3; v4 never used
+    instrs = [(1 << 0, 1 << 1), ((1 << 1) | 1, 1 << 2), (1 << 1, (1 << 3) | (1 << 4)),
+              ((1 << 2) | (1 << 3), 0)]
+    first, last = live_ranges([Block(instrs)], 5)
+    assert first == [-1, 0, 1, 2, 2]
+    assert last == [1, 2, 3, 3, 2]
+
+
+def test_live_ranges_through_a_loop():
+    # block 0 defines v0; block 1 (a loop body) uses v0 and loops to itself or exits to block 2
+    blocks = [Block([(0, 1)], (1,)), Block([(1, 2), (2, 0)], (1, 2)), Block([(0, 4)], ())]
+    first, last = live_ranges(blocks, 3)
+    assert first[0] == 0 and last[0] == 2   # live around the loop: to the end of block 1
+    assert first[2] == 3 and last[2] == 3
+
+
+# -- captured training steps in their planned arena ---------------------------------------------
+
+def _steps(model_name, size, mesh, captured, plan_memory=True, n=5, batch=16):
+    model, opt, batches = train.build(model_name, 7, mesh, batch=batch, size=size)
+    step = (lambda x, y: train.train_step(model, opt, x, y))
+    if captured:
+        step = dt.jit.to_static(step, plan_memory=plan_memory)
+    losses = [float(step(*train.to_tensors(*batches[k % 4], mesh)).numpy()) for k in range(n)]
+    params = {k: v.numpy() for k, v in model.state_dict().items()}
+    return losses, params, step
+
+
+WORLD = dt.get_world_size()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("size", ["default", "large"])
+@pytest.mark.parametrize("model_name", ["mlp", "gpt"])
+def test_planned_step_is_tight_verified_and_equals_eager(model_name, size, comm):
+    mesh = train.default_mesh(WORLD)
+    eager = _steps(model_name, size, mesh, captured=False)
+    losses, params, step = _steps(model_name, size, mesh, captured=True)
+    prog = step.program
+    verify(prog, prog.memory)
+    report = prog.memory_report()
+    assert report["arena_bytes"] <= 1.01 * report["lower_bound_bytes"], report["tried"]
+    assert report["arena_bytes"] >= report["lower_bound_bytes"]
+    assert report["no_reuse_bytes"] > report["arena_bytes"]  # dead blocks were reused
+    assert report["inplace_reuse"], "no op wrote into its dying input"
+    assert "out=B" in prog.forward.source  # kernels write into the arena directly
+    assert losses == eager[0]
+    for k in eager[1]:
+        np.testing.assert_array_equal(params[k], eager[1][k], err_msg=k)
+
+
+@pytest.mark.mpi
+def test_a_corrupted_program_plan_is_caught(comm):
+    mesh = train.default_mesh(WORLD)
+    _, _, step = _steps("mlp", "default", mesh, captured=True, n=3)
+    prog, mp = step.program, step.program.memory
+    verify(prog, mp)
+    # hand a buffer's bytes to another while it is still needed: shorten its live range so the
+    # arena lets a later buffer take them, then place that one on top of it
+    b = max(mp.buffers, key=lambda b: b.last - b.first)
+    victim_last = b.last
+    b.last = b.first
+    with pytest.raises(OverlapError, match=r"(reads|writes) .* (after|outside) the live range"):
+        verify(prog, mp)
+    b.last = victim_last
+    other = next(o for o in mp.buffers if o.first > b.first and o.first < b.last and o is not b)
+    saved = mp.arena.offsets[other.id]
+    mp.arena.offsets[other.id] = mp.arena.offsets[b.id]
+    with pytest.raises(OverlapError, match="overlaps"):
+        verify(prog, mp)
+    mp.arena.offsets[other.id] = saved
+    verify(prog, mp)
+
+
+def test_values_backward_needs_only_the_shape_of_die_in_forward():
+    """add's inputs are no_need_buffer: the tape does not save them, so the matmul output feeding
+    the first bias add is dead after that add, long before backward starts."""
+    _, _, step = _steps("mlp", "default", None, captured=True, n=3)
+    prog = step.program
+    n_fwd = sum(len(op.steps) for op in prog.forward.ops)
+    add = next(op for op in prog.forward.ops if op.name == "add")
+    mm_out = add.ins[0]
+    assert prog.ops[prog.values[mm_out].producer].name == "matmul"
+    assert prog.memory.last[mm_out] < n_fwd
+    assert mm_out not in prog.forward.outputs["middles"]
+
+
+def test_planned_and_unplanned_replays_agree_and_the_plot_is_drawn(tmp_path):
+    a = _steps("gpt", "default", None, captured=True, plan_memory=True)
+    b = _steps("gpt", "default", None, captured=True, plan_memory=False)
+    assert a[0] == b[0]
+    assert b[2].program.memory is None
+    pytest.importorskip("matplotlib", reason="matplotlib is the optional 'plot' extra")
+    path = tmp_path / "arena.png"
+    a[2].program.plot_memory(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+@pytest.mark.mpi
+def test_a_kernel_writing_outside_its_buffer_is_caught(comm):
+    mesh = train.default_mesh(WORLD)
+    model, opt, batches = train.build("gpt", 7, mesh)
+    step = dt.jit.to_static(lambda x, y: train.train_step(model, opt, x, y))
+    data = [train.to_tensors(*b, mesh) for b in batches]
+    for k in range(2):
+        step(*data[k])
+    prog = step.program
+    prog.watch_writes()
+    step(*data[2])  # a correct plan passes every check
+    watch = prog.forward.fn.__globals__["_watch"]
+    k = next(k for k in range(len(prog.forward.ops)) if watch.protect[k])
+    g, off, _ = watch.protect[k][0]
+    env = prog.forward.fn.__globals__
+    kernel = env[f"F{k}"]
+
+    def stray(*args, **kwargs):  # the kernel also flips a byte of a live neighbour
+        out = kernel(*args, **kwargs)
+        prog.arena[off] ^= 0xFF
+        return out
+    env[f"F{k}"] = stray
+    with pytest.raises(OverlapError, match=rf"step {k} \(\w+\) wrote outside its buffers: the "
+                                           rf"bytes of buffer of %\d+, live across it, changed"):
+        step(*data[3])
