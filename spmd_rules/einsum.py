@@ -39,13 +39,15 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
     Without ``shapes``: the first input that shards a label decides it. With the inputs' global
     ``shapes``: the first-wins map when it moves nothing, else the map whose reshards move the
     fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`), searched over every
-    assignment of the mesh dims to the labels (or to none): a mesh dim on a dim that cannot stay
-    sharded moves to another dim by an all-to-all when that beats the all-gather (layer_norm of
-    ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties go to the map that shards
-    more (``[S(0), R] + [S(1), R]`` co-shards dim 0 over both mesh dims for the same
-    all-to-all: a free local slice), then to the first-wins map. ``partials[i]``: the partial
-    input i keeps (the rest of its Partial is resolved), so the cost counts the right steps
-    (a Shard becoming a kept Partial is free)."""
+    assignment of the mesh dims the inputs shard to the labels (or to none): a mesh dim on a
+    dim that cannot stay sharded moves to another dim by an all-to-all when that beats the
+    all-gather (layer_norm of ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties go
+    to the map that shards more, then to the first-wins map. Other mesh dims (free ones, and
+    those of a Partial being resolved) are never added: that is free or cheaper here but changes
+    what every later op and gradient receives (a tensor-parallel GPT's weight gradients stopped
+    arriving as bucketable Partials when it was tried). ``partials[i]``: the partial input i
+    keeps (the rest of its Partial is resolved), so the cost counts the right steps (a Shard
+    becoming a kept Partial is free)."""
     order = [i for i, (n, a) in enumerate(zip(notations, attrs)) if n is not None and a is not None]
     excluded = frozenset(exclude)
     first = _first_wins(notations, attrs, excluded, order)
@@ -56,8 +58,7 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
     if not first_cost:  # nothing moves
         return first
     labels = list(dict.fromkeys(lab for i in order for lab in notations[i] if lab is not None))
-    mesh_shape = attrs[order[0]].mesh_shape
-    mesh_dims = [m for m in range(len(mesh_shape)) if m not in excluded and mesh_shape[m] > 1]
+    mesh_dims = sorted({m for i in order for m in attrs[i].sharded_mesh_dims()} - excluded)
     best_key, best = (first_cost, -_n_used(first), 0), first
     for choice in itertools.product([None] + labels, repeat=len(mesh_dims)):
         merged: dict[Hashable, tuple[int, ...]] = {}
