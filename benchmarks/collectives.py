@@ -10,6 +10,14 @@ baseline is the plain contiguous MPI collective (Allgather, Allreduce, Reduce_sc
 Alltoall) including allocation of its output, which is what our call does; for a non-zero axis
 the baseline moves the same bytes, so the ratio includes our cost of handling the axis.
 ``ratio`` = raw time / our time (throughput ratio; 1.0 = as fast as raw). Rank 0 prints JSON.
+
+``small_4KB`` (always measured): the per-call cost of Python around a 4 KB call — our
+``all_reduce`` / ``all_gather`` and ``disttensor.reshard`` S(0) -> R against the bare MPI call
+(best of several batches, alternating, so load on the machine hits both; plus the number of
+Python function calls each makes, which load does not change), and, timed alone in a
+loop on one process, what the failure policy adds to every collective (the watchdog's entry and
+exit bookkeeping) and to a steady-state ``reshard`` (a cached rank-agreement lookup). Ops between
+the entry points (``dispatch.apply``) run no agreement code: there is none on that path.
 """
 from __future__ import annotations
 
@@ -95,9 +103,98 @@ def cases(g, comm, nbytes):
     return out
 
 
+def best_per_call(comm, fn, calls: int, batches: int) -> float:
+    """Seconds per call: the best batch of ``calls`` calls (the slowest rank's time)."""
+    best = float("inf")
+    for _ in range(batches):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / calls)
+    return best
+
+
+def loop_cost(fn, calls: int = 200_000) -> float:
+    """Seconds per call of ``fn`` in a tight loop on this process, minus the empty loop's."""
+    def run(f):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        return time.perf_counter() - t0
+    empty = min(run(lambda: None) for _ in range(3))
+    return max(0.0, min(run(fn) for _ in range(3)) - empty) / calls
+
+
+def python_calls(fn, calls: int = 200) -> float:
+    """Python function calls per call of ``fn`` (cProfile's count: independent of machine load,
+    unlike the timings; the same number on every rank for these symmetric calls)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    return round(pstats.Stats(prof).total_calls / calls, 1)
+
+
+def small_calls(g, comm, calls: int, batches: int) -> dict:
+    """4 KB per rank: our calls and reshard against the bare MPI calls, plus the failure
+    policy's per-call costs."""
+    import disttensor as dt
+    from collectives.failure import Watch
+    from disttensor.distributed.agreement import check_reshard
+    from disttensor.distributed.api import _check_placements
+
+    k = g.size
+    n = 4096 // 8
+    x = np.ones(n)
+    gathered = np.empty(n * k)
+    reduced = np.empty(n)
+    mesh = dt.ProcessMesh(list(range(k)))
+    xs = dt.shard_tensor(np.ones(n * k), mesh, [dt.Shard(0)])  # 4 KB piece per rank
+    cases = {
+        "all_reduce": (lambda: g.all_reduce(x), lambda: comm.Allreduce(x, reduced)),
+        "all_gather": (lambda: g.all_gather(x, 0, sizes=[n] * k),
+                       lambda: comm.Allgather(x, gathered)),
+        "reshard S(0)->R": (lambda: dt.reshard(xs, mesh, [dt.Replicate()]),
+                            lambda: comm.Allgather(x, gathered)),
+    }
+    out = {}
+    for name, (ours, raw) in cases.items():
+        for _ in range(20):
+            ours()
+            raw()
+        t_ours = t_raw = float("inf")
+        for i in range(batches):  # alternate: load on the machine hits both
+            t_ours = min(t_ours, best_per_call(comm, ours, calls, 1))
+            t_raw = min(t_raw, best_per_call(comm, raw, calls, 1))
+        out[name] = {"ours_us": round(t_ours * 1e6, 2), "bare_mpi_us": round(t_raw * 1e6, 2),
+                     "python_us": round((t_ours - t_raw) * 1e6, 2),
+                     "ratio_to_bare": round(t_ours / t_raw, 2),
+                     "python_function_calls": python_calls(ours)}
+
+    def enter_and_leave():  # what every collective runs besides its checks and the MPI call
+        g._begin("barrier", ())  # count, call index, the watchdog's record
+        Watch.now = None
+    saved = g._call_index
+    attr = _check_placements("reshard", mesh, [dt.Replicate()], 1, (n * k,), False)
+    out["failure_policy_us_per_call"] = {
+        "collective_bookkeeping": round(loop_cost(enter_and_leave) * 1e6, 3),
+        "reshard_agreement_cached": round(loop_cost(lambda: check_reshard(xs._value, mesh, attr))
+                                          * 1e6, 3),
+    }
+    g._call_index = saved  # the bookkeeping loop ran on this rank only
+    collectives.reset_collective_counts()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes-mb", default="1,64")
+    ap.add_argument("--small-only", action="store_true", help="only the 4 KB per-call costs")
+    ap.add_argument("--small-calls", default="200,15", help="calls per batch, batches (4 KB)")
     ap.add_argument("--reps", default="15,5", help="repeats per size")
     a = ap.parse_args()
     g = collectives.init()
@@ -109,7 +206,9 @@ def main():
               "native_large_count": __import__("collectives._mpi", fromlist=["x"]).NATIVE_LARGE_COUNT,
               "results": {}}
     t_start = time.perf_counter()
-    for mb, r in zip(sizes, reps):
+    calls, batches = (int(v) for v in a.small_calls.split(","))
+    result["small_4KB"] = small_calls(g, comm, calls, batches)
+    for mb, r in ([] if a.small_only else zip(sizes, reps)):
         key = f"{mb:g}MB_per_rank"
         result["results"][key] = {}
         for name, (ours, raw) in cases(g, comm, int(mb * 2**20)).items():

@@ -21,15 +21,17 @@ Semantics fixed here (disttensor relies on them):
   dtype, arguments) over the group and raises ``CollectiveMismatchError`` on every rank if they
   disagree.
 - ``DISTTENSOR_BACKEND=mpi|nccl`` chooses how cupy arrays travel (see ``_gpu``).
-- Under MPI, ``init()`` installs ``sys.excepthook``/``threading.excepthook`` that print the
-  traceback and call ``MPI.COMM_WORLD.Abort(1)``, so one failing rank ends the whole job.
+- Under MPI, importing this package installs the failure policy of :mod:`collectives.failure`
+  (unhandled exceptions and exits end the job; a watchdog over blocked collectives,
+  ``DISTTENSOR_TIMEOUT``); collectives of different kinds or reduce ops travel on different
+  communicators, so ranks that call mismatched ones block (and are reported) instead of
+  exchanging wrong data.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
-import time
 from typing import Optional, Sequence
 
 from ._common import (
@@ -39,6 +41,7 @@ from ._common import (
     collective_counts,
     reset_collective_counts,
 )
+from . import failure
 from .group import LocalGroup, ProcessGroup
 
 __all__ = [
@@ -74,7 +77,6 @@ _MPI_ENV_VARS = (
 _lock = threading.RLock()
 _world: Optional[ProcessGroup] = None
 _groups: dict[tuple, ProcessGroup] = {}
-_hooks_installed = False
 
 
 def is_mpi() -> bool:
@@ -90,51 +92,12 @@ def is_mpi() -> bool:
     return False
 
 
-def _install_failure_policy() -> None:
-    """Unhandled exception on any thread of any rank: print it, flush, abort the job."""
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    import traceback
-
-    from mpi4py import MPI
-
-    def _abort(tb_text: str) -> None:
-        try:
-            rank = MPI.COMM_WORLD.Get_rank()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # one unbuffered write, then a moment for the process manager to forward it: the
-            # abort tears down the output pipes, and text still in them would be lost
-            os.write(2, (f"[disttensor] unhandled exception on rank {rank}; aborting the MPI "
-                         f"job\n{tb_text}").encode(errors="replace"))
-            time.sleep(0.2)
-        finally:
-            try:
-                MPI.COMM_WORLD.Abort(1)
-            finally:
-                os._exit(1)  # Abort may return before the process manager kills us
-
-    def sys_hook(etype, value, tb):
-        if issubclass(etype, KeyboardInterrupt):
-            _abort("KeyboardInterrupt\n")
-        _abort("".join(traceback.format_exception(etype, value, tb)))
-
-    def thread_hook(args):
-        if args.exc_type is SystemExit:
-            return
-        name = getattr(args.thread, "name", "?")
-        _abort(f"in thread {name}:\n" + "".join(
-            traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)))
-
-    sys.excepthook = sys_hook
-    threading.excepthook = thread_hook
-
-
 def init() -> ProcessGroup:
     """Return the world group, creating it once (idempotent)."""
     global _world
+    w = _world
+    if w is not None:
+        return w
     with _lock:
         if _world is not None:
             return _world
@@ -145,11 +108,15 @@ def init() -> ProcessGroup:
 
             comm = MPI.COMM_WORLD.Dup()  # private context: never mixes with user traffic
             _world = MPIGroup(comm, range(comm.Get_size()))
-            _install_failure_policy()
+            failure.start(MPI.COMM_WORLD)
         else:
             _world = LocalGroup()
         _groups[_world.ranks] = _world
         return _world
+
+
+if is_mpi():
+    failure.install()
 
 
 def world() -> ProcessGroup:
@@ -192,8 +159,6 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
         if isinstance(w, LocalGroup):
             g = w  # the only possible group is [0]
         else:
-            from mpi4py import MPI
-
             from ._mpi import MPIGroup
 
             wcomm = w.comm

@@ -6,7 +6,6 @@ collective with the same arguments raises the same error before any communicatio
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -27,25 +26,21 @@ COLLECTIVE_NAMES = (
 # counters
 # --------------------------------------------------------------------------------------------
 
-_counts_lock = threading.Lock()
 _counts: dict[str, int] = {name: 0 for name in COLLECTIVE_NAMES}
 
 
 def count(name: str) -> None:
-    with _counts_lock:
-        _counts[name] = _counts.get(name, 0) + 1
+    _counts[name] += 1
 
 
 def collective_counts() -> dict[str, int]:
     """Number of public collective calls made by this process, per op name (a copy)."""
-    with _counts_lock:
-        return dict(_counts)
+    return dict(_counts)
 
 
 def reset_collective_counts() -> None:
-    with _counts_lock:
-        for k in list(_counts):
-            _counts[k] = 0
+    for k in list(_counts):
+        _counts[k] = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,7 +67,8 @@ def describe(x) -> str:
 
 
 def check_collectives_enabled() -> bool:
-    """Debug mode: cross-rank agreement check before every collective."""
+    """Debug mode (``DISTTENSOR_CHECK_COLLECTIVES``, read once at import): cross-rank
+    agreement check before every collective, and checksums of replicated data."""
     return os.environ.get("DISTTENSOR_CHECK_COLLECTIVES", "0").strip().lower() not in (
         "",
         "0",
@@ -80,6 +76,9 @@ def check_collectives_enabled() -> bool:
         "no",
         "off",
     )
+
+
+CHECK_COLLECTIVES = check_collectives_enabled()
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,6 +96,25 @@ def normalize_op(op: Any, name: str) -> str:
         s = s.rsplit(".", 1)[1]
     if s not in REDUCE_OPS:
         raise ValueError(f"{name}: unsupported reduce op {op!r}; expected one of {list(REDUCE_OPS)}")
+    return s
+
+
+_VALID_OPS: dict = {}  # (op as given, dtype) -> normalized op, for calls already validated
+
+
+def reduce_op(op: Any, dtype, name: str, shape) -> str:
+    """``normalize_op`` plus ``check_op_dtype``, cached per (op, dtype)."""
+    try:
+        return _VALID_OPS[op, dtype]
+    except (KeyError, TypeError):
+        pass
+    s = normalize_op(op, name)
+    check_op_dtype(s, dtype, name, shape)
+    if len(_VALID_OPS) < 256:
+        try:
+            _VALID_OPS[op, dtype] = s
+        except TypeError:
+            pass
     return s
 
 

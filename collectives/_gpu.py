@@ -10,6 +10,8 @@ cupy is imported lazily: nothing here runs unless a cupy array is passed in.
 """
 from __future__ import annotations
 
+from math import prod
+
 import os
 import socket
 
@@ -142,7 +144,7 @@ class NCCLBackend:
         xf = cp.asarray(cp.moveaxis(x, axis, 0), order="C")
         rest = xf.shape[1:]
         buf = cp.empty((sum(sizes),) + rest, dtype=x.dtype)
-        inner = int(np.prod(rest, dtype=np.int64)) * (np.dtype(x.dtype).itemsize // view.itemsize)
+        inner = prod(rest) * (np.dtype(x.dtype).itemsize // view.itemsize)
         bf = self._flat(buf, view)
         sf = self._flat(xf, view)
         offs = C.offsets(sizes)
@@ -164,7 +166,7 @@ class NCCLBackend:
         xf = cp.asarray(cp.moveaxis(x, axis, 0), order="C")
         rest = xf.shape[1:]
         res = cp.empty((sizes[self.g.rank],) + rest, dtype=x.dtype)
-        inner = int(np.prod(rest, dtype=np.int64)) * (np.dtype(x.dtype).itemsize // view.itemsize)
+        inner = prod(rest) * (np.dtype(x.dtype).itemsize // view.itemsize)
         sf, rf = self._flat(xf, view), self._flat(res, view)
         offs = C.offsets(sizes)
         st = self._stream()
@@ -197,7 +199,7 @@ class NCCLBackend:
         result_shape = self.g._a2a_result_shape(shape, s, c, ssizes, rsizes)
         front = (sum(rsizes),) + tuple(d for i, d in enumerate(result_shape) if i != c)
         buf = cp.empty(front, dtype=x.dtype)
-        per_row = int(np.prod(front[1:], dtype=np.int64)) * (np.dtype(x.dtype).itemsize // view.itemsize)
+        per_row = prod(front[1:]) * (np.dtype(x.dtype).itemsize // view.itemsize)
         bf = self._flat(buf, view)
         roff = C.offsets(rsizes)
         st = self._stream()

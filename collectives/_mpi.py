@@ -17,6 +17,8 @@ tiny ``MAX_COUNT`` to exercise that path.
 """
 from __future__ import annotations
 
+from math import prod
+
 
 import numpy as np
 
@@ -97,33 +99,81 @@ def _p2p(call, buf: np.ndarray, peer: int, tag: int) -> None:
 
 
 def _reduce_setup(dtype, op):
-    """(working dtype, MPI op): float16 reduces in float32; bool uses logical ops."""
+    """(working dtype, MPI op): float16 reduces in float32; bool uses logical ops; floating
+    max/min use NaN-propagating ops (MPI's MAX/MIN may drop a NaN, numpy keeps it)."""
     dt = np.dtype(dtype)
     if dt.kind == "b":
         return dt, _BOOL_OPS[op]
     if dt == np.float16:
-        return np.dtype(np.float32), _OPS[op]
+        dt = np.dtype(np.float32)
+    if dt.kind == "f" and op in ("max", "min"):
+        return dt, _nan_op(op, dt)
     return dt, _OPS[op]
 
 
+_NAN_OPS: dict = {}
+
+
+def _nan_op(op: str, dt: np.dtype) -> "MPI.Op":
+    """A user-defined MPI op computing numpy's maximum/minimum (NaN wins), made once per
+    (op, dtype); creating an op is local, not collective."""
+    mop = _NAN_OPS.get((op, dt))
+    if mop is None:
+        ufunc = np.maximum if op == "max" else np.minimum
+
+        def combine(inbuf, inoutbuf, datatype):
+            b = np.frombuffer(inoutbuf, dtype=dt)
+            ufunc(np.frombuffer(inbuf, dtype=dt), b, out=b)
+        mop = _NAN_OPS[(op, dt)] = MPI.Op.Create(combine, commute=True)
+    return mop
+
+
+# all_reduce picks one of this many communicators by (shape, dtype): ranks whose all_reduces
+# disagree in shape then most often block (and are reported by the watchdog) instead of MPI
+# matching them, which aborts on a truncated message or, with equal sizes, mixes the data.
+_SHAPE_LANES = 4
+
+
 class MPIGroup(ProcessGroup):
-    """A group backed by an MPI communicator (a private duplicate, never COMM_WORLD itself)."""
+    """A group backed by an MPI communicator (a private duplicate, never COMM_WORLD itself).
+
+    Each collective kind, and each reduce op of all_reduce / reduce_scatter, runs on its own
+    duplicate of ``comm`` (``comm`` itself carries send/recv and the debug check): ranks that
+    call mismatched collectives (sum on one rank, max on another) then block, and the watchdog
+    reports them, instead of MPI matching the calls and returning wrong values. all_reduce
+    further picks one of ``_SHAPE_LANES`` duplicates by shape and dtype."""
 
     backend_name = "mpi"
+    _comm_errors = (MPI.Exception,)
 
     def __init__(self, comm: "MPI.Comm", ranks):
         super().__init__(ranks, comm.Get_rank())
+        comm.Set_errhandler(MPI.ERRORS_RETURN)  # errors become exceptions (and reports)
         self.comm = comm
+        self._reduce_comm = {op: [comm.Dup() for _ in range(_SHAPE_LANES)] for op in C.REDUCE_OPS}
+        self._rs_comm = {op: comm.Dup() for op in C.REDUCE_OPS}
+        self._gather_comm = comm.Dup()
+        self._a2a_comm = comm.Dup()
+        self._bcast_comm = comm.Dup()
+        self._barrier_comm = comm.Dup()
+        self._meta_comm = comm.Dup()  # exchange_metadata
+        for c in (*[c for lane in self._reduce_comm.values() for c in lane],
+                  *self._rs_comm.values(), self._gather_comm,
+                  self._a2a_comm, self._bcast_comm, self._barrier_comm, self._meta_comm):
+            c.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
 
     # ---------------------------------------------------------------------------------- util
     def _allgather_obj(self, obj):
         return self.comm.allgather(obj)
 
+    def _exchange_obj(self, obj):
+        return self._meta_comm.allgather(obj)
+
     def _exchange_ints(self, value: int) -> list[int]:
         a = np.array([value], dtype=np.int64)
         b = np.empty(self.size, dtype=np.int64)
-        self.comm.Allgather([a, MPI.INT64_T], [b, MPI.INT64_T])
+        self._gather_comm.Allgather([a, MPI.INT64_T], [b, MPI.INT64_T])
         return [int(v) for v in b]
 
     def _gpu_impl(self, collective: bool = True):
@@ -152,12 +202,13 @@ class MPIGroup(ProcessGroup):
             recv = np.empty(src.shape, dtype=work)
         T = mpi_type(work)
         n = src.size
+        comm = self._reduce_comm[op][hash((x.shape, x.dtype.num)) & (_SHAPE_LANES - 1)]
         if _too_big(n):
             sf, rf = src.reshape(-1), recv.reshape(-1)
             for a, b in _chunks(n):
-                self.comm.Allreduce([sf[a:b], T], [rf[a:b], T], op=mop)
+                comm.Allreduce([sf[a:b], T], [rf[a:b], T], op=mop)
         else:
-            self.comm.Allreduce([src, T], [recv, T], op=mop)
+            comm.Allreduce([src, T], [recv, T], op=mop)
         if op == "avg":
             recv /= self.size
         if recv.dtype != x.dtype:
@@ -174,13 +225,13 @@ class MPIGroup(ProcessGroup):
             sizes = self._exchange_ints(x.shape[axis])
         total = sum(sizes)
         T = mpi_type(x.dtype)
-        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        outer = prod(x.shape[:axis])
+        inner = prod(x.shape[axis + 1:])
         if axis > 0 and outer > 1:
             return self._all_gather_interleaved(x, axis, sizes, out, outer, inner)
         xf = _front(x, axis)
         rest = xf.shape[1:]
-        inner = int(np.prod(rest, dtype=np.int64))
+        inner = prod(rest)
         buf = out if (axis == 0 and out is not None) else np.empty((total,) + rest, dtype=x.dtype)
         counts = [s * inner for s in sizes]
         displs = C.offsets(counts)
@@ -191,11 +242,11 @@ class MPIGroup(ProcessGroup):
                 if k == self.rank:
                     region[...] = xf.reshape(-1)
                 for a, b in _chunks(counts[k]):
-                    self.comm.Bcast([region[a:b], T], root=k)
+                    self._gather_comm.Bcast([region[a:b], T], root=k)
         elif all(c == counts[0] for c in counts):  # sizes are known alike on every rank
-            self.comm.Allgather([xf, counts[0], T], [buf, counts[0], T])
+            self._gather_comm.Allgather([xf, counts[0], T], [buf, counts[0], T])
         else:
-            self.comm.Allgatherv([xf, counts[self.rank], T], [buf, counts, displs, T])
+            self._gather_comm.Allgatherv([xf, counts[self.rank], T], [buf, counts, displs, T])
         return _back(buf, axis, out)
 
     def _all_gather_interleaved(self, x, axis, sizes, out, outer, inner):
@@ -226,21 +277,22 @@ class MPIGroup(ProcessGroup):
         if xf.dtype != work:
             xf = xf.astype(work)
         rest = xf.shape[1:]
-        inner = int(np.prod(rest, dtype=np.int64))
+        inner = prod(rest)
         counts = [s * inner for s in sizes]
         displs = C.offsets(counts)
         recv = np.empty((sizes[self.rank],) + rest, dtype=work)
         T = mpi_type(work)
+        comm = self._rs_comm[op]
         if _too_big(sum(counts)):
             sf, rf = xf.reshape(-1), recv.reshape(-1)
             for i in range(self.size):
                 for a, b in _chunks(counts[i]):
                     piece = sf[displs[i] + a:displs[i] + b]
-                    self.comm.Reduce([piece, T], [rf[a:b], T] if i == self.rank else None, op=mop, root=i)
+                    comm.Reduce([piece, T], [rf[a:b], T] if i == self.rank else None, op=mop, root=i)
         elif all(c == counts[0] for c in counts):
-            self.comm.Reduce_scatter_block([xf, T], [recv, T], op=mop)
+            comm.Reduce_scatter_block([xf, T], [recv, T], op=mop)
         else:
-            self.comm.Reduce_scatter([xf, T], [recv, T], recvcounts=counts, op=mop)
+            comm.Reduce_scatter([xf, T], [recv, T], recvcounts=counts, op=mop)
         if op == "avg":
             recv /= self.size
         if recv.dtype != x.dtype:
@@ -273,18 +325,18 @@ class MPIGroup(ProcessGroup):
         if rsizes is None:
             a = np.array(send_c, dtype=np.int64)
             b = np.empty(size, dtype=np.int64)
-            self.comm.Alltoall([a, MPI.INT64_T], [b, MPI.INT64_T])
+            self._a2a_comm.Alltoall([a, MPI.INT64_T], [b, MPI.INT64_T])
             rsizes = [int(v) for v in b]
         recv_shapes = [piece_shape(ssizes[me] if s != c else rsizes[j], rsizes[j]) for j in range(size)]
         send_shapes = [piece_shape(ssizes[j], send_c[j]) for j in range(size)]
-        scounts = [int(np.prod(p, dtype=np.int64)) for p in send_shapes]
-        rcounts = [int(np.prod(p, dtype=np.int64)) for p in recv_shapes]
+        scounts = [prod(p) for p in send_shapes]
+        rcounts = [prod(p) for p in recv_shapes]
         sdispls, rdispls = C.offsets(scounts), C.offsets(rcounts)
         large = False
         if not NATIVE_LARGE_COUNT:
             # every rank must pick the same algorithm, and only this rank sees its own counts
             mine = max(sum(scounts), sum(rcounts)) > MAX_COUNT
-            large = bool(self.comm.allreduce(int(mine), op=MPI.MAX))
+            large = bool(self._a2a_comm.allreduce(int(mine), op=MPI.MAX))
         T = mpi_type(x.dtype)
         soff = C.offsets(ssizes)
         result_shape = self._a2a_result_shape(shape, s, c, ssizes, rsizes)
@@ -316,16 +368,16 @@ class MPIGroup(ProcessGroup):
             for k in range(1, size):
                 dst, src = (me + k) % size, (me - k) % size
                 reqs = [
-                    self.comm.Irecv([rf[rdispls[src] + a:rdispls[src] + b], T], source=src, tag=7)
+                    self._a2a_comm.Irecv([rf[rdispls[src] + a:rdispls[src] + b], T], source=src, tag=7)
                     for a, b in _chunks(rcounts[src])
                 ]
                 reqs += [
-                    self.comm.Isend([sf[sdispls[dst] + a:sdispls[dst] + b], T], dest=dst, tag=7)
+                    self._a2a_comm.Isend([sf[sdispls[dst] + a:sdispls[dst] + b], T], dest=dst, tag=7)
                     for a, b in _chunks(scounts[dst])
                 ]
                 MPI.Request.Waitall(reqs)
         else:
-            self.comm.Alltoallv([sendbuf, scounts, sdispls, T], [recvbuf, rcounts, rdispls, T])
+            self._a2a_comm.Alltoallv([sendbuf, scounts, sdispls, T], [recvbuf, rcounts, rdispls, T])
 
         if own_layout:
             res = out if out is not None else np.empty(result_shape, dtype=x.dtype)
@@ -355,9 +407,9 @@ class MPIGroup(ProcessGroup):
         if _too_big(buf.size):
             bf = buf.reshape(-1)
             for a, b in _chunks(buf.size):
-                self.comm.Bcast([bf[a:b], T], root=src)
+                self._bcast_comm.Bcast([bf[a:b], T], root=src)
         else:
-            self.comm.Bcast([buf, T], root=src)
+            self._bcast_comm.Bcast([buf, T], root=src)
         return buf
 
     def _send(self, x, dst, tag):
@@ -380,4 +432,4 @@ class MPIGroup(ProcessGroup):
         return buf
 
     def _barrier(self):
-        self.comm.Barrier()
+        self._barrier_comm.Barrier()

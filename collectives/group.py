@@ -6,12 +6,18 @@ started under MPI.
 """
 from __future__ import annotations
 
+import sys
+import time
 from collections import defaultdict, deque
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from . import _common as C
+from .failure import Watch
+
+_monotonic = time.monotonic
+_getframe = sys._getframe
 
 
 class ProcessGroup:
@@ -22,6 +28,7 @@ class ProcessGroup:
     """
 
     backend_name = "abstract"
+    _comm_errors: tuple = ()  # the backend's communication errors (MPI.Exception)
 
     def __init__(self, ranks: Sequence[int], rank: int):
         self.ranks = tuple(int(r) for r in ranks)
@@ -37,27 +44,47 @@ class ProcessGroup:
     # debug-mode agreement
     # ----------------------------------------------------------------------------------------
 
-    def _begin(self, name: str, record: dict) -> None:
-        """Called after local checks, before communication, for every collective."""
+    def _begin(self, name: str, sig: tuple) -> None:
+        """Called after local checks, before communication, for every collective: counts the
+        call, runs the debug-mode agreement check and tells the watchdog what is in flight
+        (``sig``: the call's metadata as (name, value) pairs; the caller clears ``Watch.now``)."""
         index = self._call_index
-        self._call_index += 1
-        if self.size > 1 and C.check_collectives_enabled():
-            mine = (name, index, tuple(sorted(record.items())))
-            records = self._allgather_obj(mine)
-            if any(r != records[0] for r in records):
-                lines = [
-                    f"  group rank {i} (global rank {self.ranks[i]}): {r[0]} call #{r[1]} "
-                    + ", ".join(f"{k}={v}" for k, v in r[2])
-                    for i, r in enumerate(records)
-                ]
-                raise C.CollectiveMismatchError(
-                    f"collective mismatch in group {self.ranks} (DISTTENSOR_CHECK_COLLECTIVES=1): "
-                    f"ranks disagree on the collective, its call index or its arguments:\n"
-                    + "\n".join(lines)
-                )
+        self._call_index = index + 1
+        if C.CHECK_COLLECTIVES and self.size > 1:
+            self._check_agreement(name, index, sig)
         C.count(name)
+        Watch.now = (self, name, sig, index, _monotonic(), _getframe(2))
+
+    def _check_agreement(self, name: str, index: int, sig: tuple) -> None:
+        records = self._allgather_obj((name, index, sig))
+        if any(r != records[0] for r in records):
+            lines = [
+                f"  group rank {i} (global rank {self.ranks[i]}): {r[0]} call #{r[1]} "
+                + ", ".join(f"{k}={v}" for k, v in r[2])
+                for i, r in enumerate(records)
+            ]
+            raise C.CollectiveMismatchError(
+                f"collective mismatch in group {self.ranks} (DISTTENSOR_CHECK_COLLECTIVES=1): "
+                f"ranks disagree on the collective, its call index or its arguments:\n"
+                + "\n".join(lines)
+            )
+
+    def _comm_failed(self, e: Exception) -> Exception:
+        """The error to raise when the backend fails inside the collective in flight: ranks
+        that call different collectives on one communicator (a size mismatch) end up here."""
+        from .failure import call_site, describe
+        cur = Watch.now
+        what = "a collective" if cur is None else describe(cur[1], cur[2], cur[3], self.ranks)
+        site = "?" if cur is None else call_site(cur[5])
+        return C.CollectiveMismatchError(
+            f"{what}, called from {site}, failed in the communication library ({e}): the ranks "
+            f"of group {list(self.ranks)} most likely called different collectives here, or one "
+            f"rank called a collective the others did not")
 
     def _allgather_obj(self, obj: Any) -> list:  # pragma: no cover - overridden
+        return [obj]
+
+    def _exchange_obj(self, obj: Any) -> list:  # pragma: no cover - overridden
         return [obj]
 
     # ----------------------------------------------------------------------------------------
@@ -66,13 +93,18 @@ class ProcessGroup:
 
     def all_reduce(self, x, op: Any = "sum", *, out=None):
         """Elementwise reduction over the group; every rank gets the result (a new array)."""
-        name = "all_reduce"
-        x = C.as_array(x, name, "x")
-        op = C.normalize_op(op, name)
-        C.check_op_dtype(op, x.dtype, name, x.shape)
-        C.check_out(out, x.shape, x.dtype, name, C.is_cupy(x))
-        self._begin(name, {"shape": tuple(x.shape), "dtype": np.dtype(x.dtype).str, "op": op})
-        return self._all_reduce(x, op, out)
+        if type(x) is not np.ndarray:
+            x = C.as_array(x, "all_reduce", "x")
+        op = C.reduce_op(op, x.dtype, "all_reduce", x.shape)
+        if out is not None:
+            C.check_out(out, x.shape, x.dtype, "all_reduce", C.is_cupy(x))
+        self._begin("all_reduce", (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op)))
+        try:
+            return self._all_reduce(x, op, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
 
     def all_gather(self, x, axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
         """Concatenate every rank's ``x`` along ``axis`` in group-rank order.
@@ -81,7 +113,8 @@ class ProcessGroup:
         (every rank's size along ``axis``) skips the size exchange when the caller knows them.
         """
         name = "all_gather"
-        x = C.as_array(x, name, "x")
+        if type(x) is not np.ndarray:
+            x = C.as_array(x, name, "x")
         axis = C.norm_axis(axis, x.ndim, name, "axis", x.shape)
         sizes = C.check_sizes(sizes, self.size, name, "sizes", None, x.shape)
         if sizes is not None and sizes[self.rank] != x.shape[axis]:
@@ -95,35 +128,40 @@ class ProcessGroup:
             shp = list(x.shape)
             shp[axis] = sum(sizes)
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
-        other = tuple(None if i == axis else d for i, d in enumerate(x.shape))
-        self._begin(
-            name,
-            {"shape(except axis)": other, "dtype": np.dtype(x.dtype).str, "axis": axis,
-             "sizes": None if sizes is None else tuple(sizes)},
-        )
-        return self._all_gather(x, axis, sizes, out)
+        other = x.shape[:axis] + (None,) + x.shape[axis + 1:]
+        self._begin(name, (("shape(except axis)", other), ("dtype", x.dtype.str), ("axis", axis),
+                           ("sizes", None if sizes is None else tuple(sizes))))
+        try:
+            return self._all_gather(x, axis, sizes, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
 
     def reduce_scatter(self, x, op: Any = "sum", axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
         """Reduce equal-shaped ``x`` across ranks; rank i gets piece i of the split along ``axis``
         (``numpy.array_split`` sizes, or ``sizes``)."""
         name = "reduce_scatter"
-        x = C.as_array(x, name, "x")
-        op = C.normalize_op(op, name)
-        C.check_op_dtype(op, x.dtype, name, x.shape)
+        if type(x) is not np.ndarray:
+            x = C.as_array(x, name, "x")
+        op = C.reduce_op(op, x.dtype, name, x.shape)
         axis = C.norm_axis(axis, x.ndim, name, "axis", x.shape)
         if sizes is None:
             sizes = C.split_sizes(x.shape[axis], self.size)
         else:
             sizes = C.check_sizes(sizes, self.size, name, "sizes", x.shape[axis], x.shape)
-        shp = list(x.shape)
-        shp[axis] = sizes[self.rank]
-        C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
-        self._begin(
-            name,
-            {"shape": tuple(x.shape), "dtype": np.dtype(x.dtype).str, "op": op, "axis": axis,
-             "sizes": tuple(sizes)},
-        )
-        return self._reduce_scatter(x, op, axis, sizes, out)
+        if out is not None:
+            shp = list(x.shape)
+            shp[axis] = sizes[self.rank]
+            C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
+        self._begin(name, (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op),
+                           ("axis", axis), ("sizes", tuple(sizes))))
+        try:
+            return self._reduce_scatter(x, op, axis, sizes, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
 
     def all_to_all(self, x, split_axis: int, concat_axis: int, split_sizes: Optional[Sequence[int]] = None,
                    recv_sizes: Optional[Sequence[int]] = None, *, out=None):
@@ -134,7 +172,8 @@ class ProcessGroup:
         without it the sizes are exchanged with a small all-to-all of ints.
         """
         name = "all_to_all"
-        x = C.as_array(x, name, "x")
+        if type(x) is not np.ndarray:
+            x = C.as_array(x, name, "x")
         s = C.norm_axis(split_axis, x.ndim, name, "split_axis", x.shape)
         c = C.norm_axis(concat_axis, x.ndim, name, "concat_axis", x.shape)
         if split_sizes is None:
@@ -147,12 +186,14 @@ class ProcessGroup:
                 raise ValueError(f"{name}: argument 'out' needs 'recv_sizes' to be given")
             C.check_out(out, self._a2a_result_shape(x.shape, s, c, ssizes, rsizes), x.dtype, name, C.is_cupy(x))
         other = tuple(None if i in (s, c) else d for i, d in enumerate(x.shape))
-        self._begin(
-            name,
-            {"shape(except split/concat)": other, "dtype": np.dtype(x.dtype).str,
-             "split_axis": s, "concat_axis": c},
-        )
-        return self._all_to_all(x, s, c, ssizes, rsizes, out)
+        self._begin(name, (("shape(except split/concat)", other), ("dtype", x.dtype.str),
+                           ("split_axis", s), ("concat_axis", c)))
+        try:
+            return self._all_to_all(x, s, c, ssizes, rsizes, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
 
     def broadcast(self, x, src: int = 0, *, out=None):
         """Return ``src``'s array on every rank. Non-src ranks pass an array of the same
@@ -161,8 +202,13 @@ class ProcessGroup:
         x = C.as_array(x, name, "x")
         src = C.check_peer(src, self.size, name, "src")
         C.check_out(out, x.shape, x.dtype, name, C.is_cupy(x))
-        self._begin(name, {"shape": tuple(x.shape), "dtype": np.dtype(x.dtype).str, "src": src})
-        return self._broadcast(x, src, out)
+        self._begin(name, (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("src", src)))
+        try:
+            return self._broadcast(x, src, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
 
     def send(self, x, dst: int, tag: int = 0) -> None:
         """Blocking send of ``x`` to group rank ``dst``."""
@@ -198,9 +244,30 @@ class ProcessGroup:
             return data
         return self._recv(shape, dtype, src, int(tag), want_cupy, out)
 
+    def exchange_metadata(self, obj: Any) -> list:
+        """Every rank's picklable ``obj``, in group-rank order: the runtime's metadata checks.
+        Watched like any collective, but not counted in ``collective_counts()`` (like the size
+        exchanges inside all_gather)."""
+        index = self._call_index
+        self._call_index = index + 1
+        if C.CHECK_COLLECTIVES and self.size > 1:
+            self._check_agreement("exchange_metadata", index, ())
+        Watch.now = (self, "exchange_metadata", (), index, _monotonic(), _getframe(1))
+        try:
+            return self._exchange_obj(obj)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
+
     def barrier(self) -> None:
-        self._begin("barrier", {})
-        self._barrier()
+        self._begin("barrier", ())
+        try:
+            self._barrier()
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
 
     # ----------------------------------------------------------------------------------------
     # helpers for subclasses

@@ -15,14 +15,25 @@ from .nn.layer import ParamAttr, create_parameter  # noqa: E402
 from .distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_plan,
                               shard_tensor, unshard_dtensor)
 from .distributed.mesh_groups import get_rank, get_world_size
+from .distributed.caches import cache_info
 from .distributed.visualize import visualize_sharding
 from .schema import coverage_report
 from .jit import DistModel, to_static
 
 
-def init_parallel_env() -> None:
-    """Start the process group (MPI when launched by mpiexec, else a single process)."""
-    collectives.init()
+def init_parallel_env(timeout: float | None = None) -> None:
+    """Start the process group (MPI when launched by mpiexec, else a single process).
+
+    ``timeout``: seconds a collective may stay blocked before the watchdog ends the job
+    (default: ``DISTTENSOR_TIMEOUT``, else 600). The ranks agree on the disttensor version and
+    the timeout (one small exchange), or raise the same error on every rank."""
+    from .distributed.agreement import agree
+    if timeout is not None:
+        collectives.failure.set_timeout(timeout)
+    world = collectives.init()
+    t = collectives.failure.timeout()
+    agree("init_parallel_env", range(world.size), ("init_parallel_env", __version__, t),
+          lambda: f"disttensor {__version__}, timeout {t:g} s", "the runtime's version and timeout")
 
 
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ exactly what interpreting that instruction does.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -180,7 +181,7 @@ def _store_checked(op: OpDef, target: int):
 
 # -- distributed plans ------------------------------------------------------------------------
 
-_PLANS: dict = {}
+_PLANS: OrderedDict = OrderedDict()  # LRU; keys hold interned meshes/layouts by identity
 PLAN_CACHE_LIMIT = 8192
 
 
@@ -233,12 +234,14 @@ def _dist_plan(op: OpDef, inputs: tuple, attrs: dict, inplace: tuple | None) -> 
     except TypeError:  # unhashable attrs (slices, lists)
         key = key[:3] + (_freeze(attrs), inplace, strides)
         plan = _PLANS.get(key)
-    if plan is None:
+    if plan is not None:
+        _PLANS.move_to_end(key)
+    else:
         plan = plan_call(op, inputs, attrs, mesh, inplace=inplace, strides=strides)
         # the key holds ids: keep the objects alive as long as the plan is cached
         plan.keep = (mesh, [t._value.dist_attr for t in inputs if t is not None and t.is_dist()])
         if len(_PLANS) >= PLAN_CACHE_LIMIT:
-            del _PLANS[next(iter(_PLANS))]  # evict the oldest plan
+            _PLANS.popitem(last=False)  # evict the least recently used plan
         _PLANS[key] = plan
     return plan
 

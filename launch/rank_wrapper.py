@@ -9,8 +9,11 @@ tails that file to its own stdout with a ``[rank k] `` prefix (so on the console
 arrive on stdout), forwards SIGINT/SIGTERM to the child, and exits with the child's status.
 It also writes
 
-- ``DIR/rank_<k>.exit``: the child's exit status (128+N for death by signal N),
+- ``DIR/rank_<k>.exit``: the child's exit status (128+N for death by signal N), the time, and
+  ``stopped`` when the wrapper had forwarded SIGINT/SIGTERM to it (the job was being stopped),
 - ``DIR/rank_<k>.traceback``: the time the child first printed a Python traceback,
+- ``DIR/rank_<k>.blame``: the rank named by the child's first ``[disttensor] job aborted: rank
+  K`` report (the runtime's failure reports name the rank to blame) and the time,
 
 which the launcher uses to find the rank that failed first.
 """
@@ -18,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+_BLAME = re.compile(r"\[disttensor\] job aborted: rank (\d+)")
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 _LOCAL_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK", "SLURM_LOCALID")
 
@@ -81,7 +86,10 @@ def main(argv=None) -> int:
                              close_fds=False, preexec_fn=_die_with_parent)
     os.close(fd)
 
+    forwarded = []
+
     def forward(sig, frame):
+        forwarded.append(sig)
         try:
             child.send_signal(sig)
         except ProcessLookupError:
@@ -90,7 +98,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
 
-    seen_tb = False
+    seen_tb = seen_blame = False
     pending = b""
     with open(log_path, "rb") as f:
         while True:
@@ -104,6 +112,11 @@ def main(argv=None) -> int:
                         seen_tb = True
                         with open(tb_marker, "w") as m:
                             m.write(f"{time.time():.6f}\n")
+                    blame = None if seen_blame else _BLAME.match(line)
+                    if blame:
+                        seen_blame = True
+                        with open(os.path.join(args.log_dir, f"rank_{rank}.blame"), "w") as m:
+                            m.write(f"{blame.group(1)} {time.time():.6f}\n")
                     if console:
                         sys.stdout.write(prefix + line + "\n")
                 if console and lines:
@@ -122,7 +135,8 @@ def main(argv=None) -> int:
         sys.stdout.flush()
     status = rc if rc >= 0 else 128 - rc
     with open(os.path.join(args.log_dir, f"rank_{rank}.exit"), "w") as f:
-        f.write(f"{status}\n")
+        # "stopped": the child's end was asked for from outside (mpiexec tearing the job down)
+        f.write(f"{status} {time.time():.6f}{' stopped' if forwarded else ''}\n")
     return status
 
 

@@ -17,6 +17,7 @@ so its gradient is the incoming gradient laid out like the input (a Partial inpu
 receive the whole gradient)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,6 +33,7 @@ from ..plan import Instr, OutSpec, Plan
 from ..schema import OPS, public, register
 from ..tape import _GradMode, set_grad_enabled
 from ..tensor import Tensor, array_module
+from .agreement import broadcast_from, check_from_local, check_reshard, check_shard_tensor
 from .dist_tensor import DistTensor, canonical, canonical_mesh, empty_piece
 from .mesh_groups import check_mesh, coord_of, group_over
 from .planner import reshard_instrs
@@ -57,9 +59,15 @@ def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement
             raise ValueError(f"{op}: placements {placements}: {p!r} needs a bool tensor, got "
                              f"dtype {np.dtype(dtype).name} of shape {list(shape)}")
     try:
-        return DistAttr.from_placements(placements, ndim, mesh.shape)
+        return _layout_of(tuple(placements), ndim, mesh)
     except ValueError as e:
         raise ValueError(f"{op}: tensor of shape {list(shape)}: {e}") from None
+
+
+@lru_cache(maxsize=1024)
+def _layout_of(placements: tuple, ndim: int, mesh: ProcessMesh) -> DistAttr:
+    """The interned DistAttr of ``placements`` (built once per distinct call)."""
+    return canonical(DistAttr.from_placements(placements, ndim, mesh.shape))
 
 
 def _dist_value(op: str, x: Tensor) -> DistTensor:
@@ -160,6 +168,7 @@ def reshard(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Te
     source to its own placements is a copy."""
     v = _dist_value("reshard", x)
     attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, v.dtype)
+    check_reshard(v, mesh, attr)
     return reshard_to(x, mesh, attr)
 
 
@@ -205,18 +214,26 @@ def _shard_plan(src: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
 
 @public()
 def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], dtype: Any = None,
-                 place: str | None = None, stop_gradient: bool | None = None) -> Tensor:
-    """A distributed tensor from data that every rank holds (this rank keeps its slice, no
-    communication). A leaf that needs grad (a parameter) stays a leaf; a non-leaf stays
-    differentiable."""
+                 place: str | None = None, stop_gradient: bool | None = None,
+                 src_rank: int | None = None) -> Tensor:
+    """A distributed tensor from data that every rank holds (this rank keeps its slice). A
+    leaf that needs grad (a parameter) stays a leaf; a non-leaf stays differentiable.
+
+    The mesh's ranks agree on (global shape, dtype, mesh, placements) with one small
+    collective the first time they meet them. ``src_rank=k`` takes the data from rank ``k``
+    (an array there; ignored, and may be None, elsewhere)."""
     if isinstance(data, Tensor) and data.is_dist():
         raise ValueError("shard_tensor: data is already distributed; use reshard")
+    if src_rank is not None:
+        data = broadcast_from(data.numpy() if isinstance(data, Tensor) else data, int(src_rank),
+                              mesh, "shard_tensor")
     src = data if isinstance(data, Tensor) else None
     if src is None:
         src = to_tensor(data, dtype=dtype, place=place)
     elif dtype is not None and np.dtype(src.dtype) != to_np_dtype(dtype):
         src = cast(src, dtype)
     attr = _check_placements("shard_tensor", mesh, placements, src.ndim, src.shape, src.dtype)
+    check_shard_tensor(mesh, attr, src._value.array)
     sg = src.stop_gradient if stop_gradient is None else bool(stop_gradient)
     differentiable = src._node is not None and not src.stop_gradient and _GradMode.enabled
     out = run(_shard_plan(src, mesh, attr), (src,), {"mesh": mesh, "dist_attr": attr},
@@ -323,6 +340,7 @@ def dtensor_from_local(local: Any, mesh: ProcessMesh, placements: Sequence[Place
                              f"but the local value has {arr.ndim}")
         empty = to_tensor(empty_piece(gshape, arr.dtype, arr))
         return _from_local(empty, mesh, attr, gshape)
+    check_from_local(mesh, attr, shape)
     gshape = _global_shape_from_pieces(_gather_piece_metas(mesh, arr), attr, shape)
     return _from_local(t, mesh, attr, gshape)
 

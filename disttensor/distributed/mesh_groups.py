@@ -2,7 +2,9 @@
 
 For a mesh dim ``m`` the group of the current rank is the ranks that share every mesh coordinate
 with it except the one along ``m``, in order of that coordinate. Groups are created once (only
-by their members, as MPI requires) and cached.
+by their members, as MPI requires) and cached: these caches key on the mesh's value (equal meshes
+share entries) and are bounded LRUs; the process groups themselves are cached by rank tuple in
+:mod:`collectives`.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def coord_of(mesh: ProcessMesh) -> tuple[int, ...] | None:
     return _coord(mesh, get_rank())
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=4096)
 def _coord(mesh: ProcessMesh, rank: int):
     return mesh.get_coord(rank)
 
@@ -44,7 +46,7 @@ def check_mesh(mesh: ProcessMesh, op: str) -> None:
                          f"{size} rank(s)")
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=1024)
 def group_along(mesh: ProcessMesh, mesh_dim: int):
     """This rank's process group along ``mesh_dim`` of ``mesh`` (must be a member)."""
     coord = coord_of(mesh)
@@ -60,7 +62,7 @@ def group_along(mesh: ProcessMesh, mesh_dim: int):
     return collectives.new_group(ranks)
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=1024)
 def group_over(mesh: ProcessMesh, mesh_dims: tuple[int, ...]):
     """This rank's group spanning several mesh dims (ranks varying along all of them)."""
     if len(mesh_dims) == 1:

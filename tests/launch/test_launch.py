@@ -140,3 +140,30 @@ def test_sigterm_is_forwarded(tmp_path):
         p.kill()
         raise
     assert any("got signal" in (logs / f"rank_{k}.log").read_text() for k in range(2)), out
+
+
+def test_hosts_are_passed_to_mpiexec_and_gpus_bound_by_local_rank(tmp_path):
+    """The multi-node path on one machine: the same host given twice."""
+    r, logs, _ = launch(tmp_path, """
+        import os
+        print("env", os.environ["PMI_RANK"], os.environ.get("MPI_LOCALRANKID", os.environ.get(
+            "OMPI_COMM_WORLD_LOCAL_RANK")), os.environ["CUDA_VISIBLE_DEVICES"])
+    """, "--hosts", "localhost,localhost", "--gpus", nproc=2)
+    assert r.returncode == 0, r.stdout
+    for k in range(2):
+        line = next(x for x in (logs / f"rank_{k}.log").read_text().splitlines() if x.startswith("env"))
+        _, rank, local, cuda = line.split()
+        assert rank == str(k) and cuda == local, line
+
+
+def test_launcher_stops_the_job_when_a_rank_fails_without_mpi(tmp_path):
+    """A rank that exits non-zero while the others keep running (no MPI involved): the launcher
+    stops the job at once and blames that rank."""
+    r, logs, secs = launch(tmp_path, """
+        import os, sys, time
+        if os.environ["PMI_RANK"] == "1":
+            sys.exit(5)
+        time.sleep(60)
+    """, nproc=3)
+    assert secs < 30, r.stdout
+    assert r.returncode == 5 and "launch: rank 1 failed (exit status 5)" in r.stdout, r.stdout

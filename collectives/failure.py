@@ -1,0 +1,393 @@
+"""What an MPI job does when something goes wrong: it ends, and says which rank did what (DESIGN §11).
+
+Installed by ``import collectives`` in a process started under MPI (nothing happens otherwise):
+
+- **Unhandled exception** (any thread, before or after ``init()``): the lowest rank failing with
+  a given error prints its traceback, the others one line naming that rank; then
+  ``MPI_Abort(1)``. ``faulthandler`` is on, so a segfault leaves the Python stack in the log.
+- **Exit**: ``sys.exit(s)`` with ``s != 0`` aborts the job at once with status ``s``. Any other
+  exit (status 0, return from the script, ``raise SystemExit``) tells every other rank "rank k
+  exited", then waits at exit for the others (as ``MPI_Finalize`` would). A rank blocked in a
+  collective whose group holds an exited rank aborts with a report naming both.
+- **Watchdog**: every collective records (group, name, metadata, call index, start time, caller
+  frame) on entry — one tuple, about 0.2 µs — and clears it on return. A daemon thread wakes
+  every ``POLL`` s; only while a collective has been blocked for ``PROBE_AFTER`` s does it talk
+  to the other ranks (on a private communicator): it tells the group's members which call it is
+  in, so a member in the same call (same group and call index) with other metadata aborts with
+  both descriptions, and after ``timeout()`` s (``DISTTENSOR_TIMEOUT``, default 600, or
+  ``init_parallel_env(timeout=...)``) it aborts naming the collective, its call site and the
+  members that never arrived.
+
+Every report starts with ``[disttensor] job aborted: rank K ...`` naming the rank to blame
+(``launch`` reads that line).
+"""
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+TIMEOUT_ENV = "DISTTENSOR_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0
+POLL = 0.2
+MARK = "[disttensor] job aborted: rank"
+_TAG_EXIT, _TAG_PROBE, _TAG_FAIL = 9101, 9102, 9103
+
+
+class Watch:
+    """The collective in flight on this process (``now``), set and cleared by ProcessGroup."""
+
+    now: Optional[tuple] = None  # (group, name, sig, index, t0, caller frame)
+
+
+def _parse_timeout(value: Any, where: str) -> float:
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}={value!r} must be a number of seconds") from None
+    if not t > 0:
+        raise ValueError(f"{where}={value!r} must be > 0 seconds")
+    return t
+
+
+_timeout = _parse_timeout(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT, TIMEOUT_ENV)
+
+
+def timeout() -> float:
+    """Seconds a collective may stay blocked before the watchdog aborts the job."""
+    return _timeout
+
+
+def set_timeout(seconds: float) -> None:
+    global _timeout
+    _timeout = _parse_timeout(seconds, "timeout")
+
+
+def probe_after() -> float:
+    return min(2.0, _timeout / 2)
+
+
+# -- reports ------------------------------------------------------------------------------------
+
+def _internal_dirs() -> tuple[str, ...]:
+    dirs = []
+    for name in ("collectives", "disttensor", "spmd_rules"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            dirs.append(os.path.dirname(os.path.abspath(mod.__file__)) + os.sep)
+    return tuple(dirs)
+
+
+def call_site(frame) -> str:
+    """``file:line in func`` of the first frame outside the runtime's packages, plus a hint
+    when the collective was issued by ``Tensor.numpy()``."""
+    dirs = _internal_dirs()
+    hint = ""
+    f = frame
+    while f is not None:
+        fn = os.path.abspath(f.f_code.co_filename)
+        if not fn.startswith(dirs):
+            site = f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+            return site + hint
+        if f.f_code.co_name == "numpy" and fn.endswith(os.path.join("distributed", "api.py")):
+            hint = " (through Tensor.numpy(), which is a collective: every rank of the " \
+                   "tensor's mesh must call it)"
+        f = f.f_back
+    return "?" + hint
+
+
+def describe(name: str, sig, index: int, ranks) -> str:
+    meta = ", ".join(f"{k}={v}" for k, v in sig) if sig else ""
+    return f"{name}({meta}) call #{index} on group ranks {list(ranks)}"
+
+
+def _write(text: str) -> None:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    os.write(2, (text if text.endswith("\n") else text + "\n").encode(errors="replace"))
+
+
+def abort(text: str, code: int = 1) -> None:
+    """Print ``text``, give the process manager a moment to forward it, end the whole job."""
+    try:
+        _write(text)
+        time.sleep(0.2)
+    finally:
+        try:
+            from mpi4py import MPI
+            MPI.COMM_WORLD.Abort(code)
+        finally:
+            os._exit(code)
+
+
+# -- the control channel --------------------------------------------------------------------
+
+class Control:
+    """Small pickled messages between ranks on a private communicator: exit notices, probes
+    of blocked collectives, failure notices. Used only when something is already wrong or at
+    exit, never on the fast path."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.lock = threading.Lock()
+        self.exited: dict[int, Any] = {}
+        self.probes: dict[tuple, dict[int, tuple]] = {}
+        self.failed: dict[int, str] = {}
+        self.blocked: dict[int, tuple] = {}  # rank -> its latest probe (where it is blocked)
+        self._reqs: list = []
+
+    def send_all(self, ranks, tag: int, obj) -> None:
+        with self.lock:
+            for r in ranks:
+                if r != self.rank:
+                    self._reqs.append(self.comm.isend(obj, dest=r, tag=tag))
+            if len(self._reqs) > 64:
+                self._reqs = [q for q in self._reqs if not q.Test()]
+
+    def drain(self) -> None:
+        from mpi4py import MPI
+        st = MPI.Status()
+        with self.lock:
+            while self.comm.iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st):
+                src, tag = st.Get_source(), st.Get_tag()
+                msg = self.comm.recv(source=src, tag=tag)
+                if tag == _TAG_EXIT:
+                    self.exited[src] = msg
+                elif tag == _TAG_PROBE:
+                    ranks, index, name, sig, site = msg
+                    self.probes.setdefault((ranks, index), {})[src] = (name, sig, site)
+                    self.blocked[src] = msg
+                elif tag == _TAG_FAIL:
+                    self.failed[src] = msg
+
+    def finish_sends(self) -> None:
+        from mpi4py import MPI
+        with self.lock:
+            MPI.Request.Waitall(self._reqs)
+            self._reqs = []
+
+
+_control: Optional[Control] = None
+_watchdog: Optional["Watchdog"] = None
+
+
+class Watchdog(threading.Thread):
+    """Aborts the job when the collective in flight is blocked past the timeout, is mismatched
+    with a member's call, or waits for a rank that has exited."""
+
+    def __init__(self, control: Control):
+        super().__init__(name="disttensor-watchdog", daemon=True)
+        self.control = control
+        self.stopped = threading.Event()
+        self._probed = None
+        self._mismatch: dict = {}
+
+    def run(self) -> None:
+        while not self.stopped.wait(POLL):
+            cur = Watch.now
+            if cur is None or time.monotonic() - cur[4] < POLL:
+                continue
+            try:
+                self.control.drain()
+                self.check(cur)
+            except Exception as e:  # pragma: no cover - a broken watchdog must not go silent
+                _write(f"[disttensor] watchdog error on rank {self.control.rank}: {e!r}")
+
+    def check(self, cur: tuple) -> None:
+        group, name, sig, index, t0, frame = cur
+        c = self.control
+        me = c.rank
+        waited = time.monotonic() - t0
+        what = describe(name, sig, index, group.ranks)
+        gone = [r for r in group.ranks if r in c.exited]
+        if gone:
+            k = gone[0]
+            st = c.exited[k]
+            abort(f"{MARK} {k} exited (status {st}) while rank {me} waits in {what}, called "
+                  f"from {call_site(frame)}; rank {k} will never join it")
+        peers = c.probes.get((group.ranks, index), {})
+        calls = {me: (name, sig, call_site(frame)), **peers}
+        if any(v[:2] != (name, sig) for v in calls.values()):
+            # wait up to a second for every member's probe, then blame the minority call
+            # (on a tie, the side that went through Tensor.numpy(), else the other side)
+            first = self._mismatch.setdefault(id(cur), time.monotonic())
+            if len(calls) == len(group.ranks) or time.monotonic() - first > 1.0:
+                kinds = [v[:2] for v in calls.values()]
+                def weight(r):
+                    return (kinds.count(calls[r][:2]), "Tensor.numpy()" not in calls[r][2], r == me)
+                blame = min(calls, key=weight)
+                lines = "\n".join(f"  rank {r}: {describe(n, sg, index, group.ranks)}, called "
+                                  f"from {site}" for r, (n, sg, site) in sorted(calls.items()))
+                abort(f"{MARK} {blame} called a different collective than other ranks of group "
+                      f"{list(group.ranks)} as call #{index} (ranks not listed have not "
+                      f"arrived):\n{lines}")
+        if waited >= probe_after() and self._probed is not cur:
+            self._probed = cur
+            # to every rank: members compare calls; the others learn where this rank waits
+            c.send_all(range(c.size), _TAG_PROBE, (group.ranks, index, name, sig,
+                                                   call_site(frame)))
+        if waited >= _timeout:
+            arrived = sorted(set(peers) | {me})
+            missing = [r for r in group.ranks if r not in arrived]
+            where = "; ".join(
+                f"rank {r} waits in {describe(b[2], b[3], b[1], b[0])}, called from {b[4]}"
+                for r, b in sorted(c.blocked.items()) if r in missing)
+            blame = self.root_cause(missing) if missing else me
+            abort(f"{MARK} {blame} did not arrive: rank {me} has been blocked "
+                  f"{waited:.1f} s (timeout {_timeout:g} s, {TIMEOUT_ENV}) in {what}, called "
+                  f"from {call_site(frame)}; ranks of the group in this call: {arrived}; "
+                  f"never arrived: {missing}" + (f" ({where})" if where else "")
+                  + ("" if blame in c.blocked else
+                     f"; rank {blame} is not blocked in any collective this rank knows of"))
+
+    def root_cause(self, missing: list) -> int:
+        """The first rank reached from ``missing`` that is not itself blocked in a collective
+        (following each blocked rank to the members its own call is waiting for)."""
+        c, seen, todo = self.control, set(), list(missing)
+        while todo:
+            r = todo.pop(0)
+            if r in seen:
+                continue
+            seen.add(r)
+            b = c.blocked.get(r)
+            if b is None:
+                return r
+            there = c.probes.get((b[0], b[1]), {})
+            todo += [m for m in b[0] if m not in there and m != r]
+        return missing[0]
+
+
+def start(world_comm) -> None:
+    """Called by ``collectives.init()`` under MPI: the control channel and the watchdog."""
+    global _control, _watchdog
+    if _control is not None:
+        return
+    _control = Control(world_comm.Dup())
+    _watchdog = Watchdog(_control)
+    _watchdog.start()
+
+
+# -- exits and unhandled exceptions ---------------------------------------------------------------
+
+_exit_status: Any = None
+_installed = False
+
+
+def _world_rank() -> int:
+    for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if v in os.environ:
+            try:
+                return int(os.environ[v])
+            except ValueError:
+                pass
+    return -1
+
+
+def _status_code(status: Any) -> int:
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status
+    return 1  # sys.exit("message") prints it and exits 1
+
+
+def _recording_exit(status: Any = None):
+    """``sys.exit`` that remembers its status for the exit hook."""
+    global _exit_status
+    _exit_status = status
+    raise SystemExit(status)
+
+
+def _on_exception(text: str, summary: str, failing_ranks=None) -> None:
+    """Print the traceback once (lowest failing rank with this error), then abort. An error
+    that knows which ranks caused it (``failing_ranks``, e.g. a metadata disagreement raised on
+    every rank) names the first of them as the rank to blame."""
+    me = _world_rank()
+    blame = failing_ranks[0] if failing_ranks else me
+    c = _control
+    if c is not None:
+        c.send_all(range(c.size), _TAG_FAIL, summary)
+        end = time.monotonic() + 0.3  # let ranks failing with the same error say so
+        while time.monotonic() < end:  # (draining also progresses our own sends)
+            c.drain()
+            time.sleep(0.01)
+        same = sorted(r for r, s in c.failed.items() if s == summary and r < me)
+        if same:
+            abort(f"[disttensor] rank {me}: aborted; rank {same[0]} failed with the same error "
+                  f"({summary})")
+    abort(f"{text}{MARK} {blame}: unhandled exception on rank {me} ({summary})")
+
+
+def _sys_hook(etype, value, tb) -> None:
+    text = "".join(traceback.format_exception(etype, value, tb))
+    _on_exception(text, "".join(traceback.format_exception_only(etype, value)).strip(),
+                  getattr(value, "failing_ranks", None))
+
+
+def _thread_hook(args) -> None:
+    if args.exc_type is SystemExit:
+        return
+    name = getattr(args.thread, "name", "?")
+    text = f"in thread {name}:\n" + "".join(
+        traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+    _on_exception(text, "".join(
+        traceback.format_exception_only(args.exc_type, args.exc_value)).strip())
+
+
+def _at_exit() -> None:
+    """Exit protocol (see the module docstring)."""
+    code = _status_code(_exit_status)
+    me = _world_rank()
+    if code != 0:
+        abort(f"{MARK} {me} exited with status {code} (sys.exit)", code)
+    if _control is None:  # exiting before init(): join the world so the others can be told
+        import collectives
+        collectives.init()
+    c = _control
+    if _watchdog is not None:
+        _watchdog.stopped.set()
+        _watchdog.join(timeout=2 * POLL + 1)
+    c.send_all(range(c.size), _TAG_EXIT, "0" if _exit_status is None else repr(_exit_status))
+    req = c.comm.Ibarrier()
+    while not req.Test():
+        c.drain()
+        time.sleep(0.005)
+    c.drain()
+    c.finish_sends()
+
+
+def is_rank_process() -> bool:
+    """False in a subprocess that merely inherited an MPI rank's environment: the process
+    manager's connection (``PMI_FD``) is not open there, and such a process must never abort or
+    join the parent's job."""
+    fd = os.environ.get("PMI_FD")
+    if fd is None:
+        return True
+    try:
+        os.fstat(int(fd))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def install() -> None:
+    """Install the hooks (idempotent); called by ``import collectives`` under MPI."""
+    global _installed
+    if _installed or not is_rank_process():
+        return
+    _installed = True
+    faulthandler.enable(all_threads=True)
+    sys.excepthook = _sys_hook
+    threading.excepthook = _thread_hook
+    sys.exit = _recording_exit
+    atexit.register(_at_exit)

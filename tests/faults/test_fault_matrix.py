@@ -1,0 +1,112 @@
+"""The fault matrix (issue 11): a fault on rank 1 of a 4-rank training job, under plain
+``mpiexec -n 4`` and under ``python -m launch --nproc 4``. Every case must end the job with a
+non-zero status within 10 s of the fault (within the watchdog timeout plus 10 s where only the
+timeout can tell), with a report naming rank 1 and what it did; the clean run must end with
+status 0 and the loss numpy gives."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from launch import find_mpiexec
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MPIEXEC = find_mpiexec()
+UNDER_MPI = any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+TIMEOUT = 4  # DISTTENSOR_TIMEOUT for these jobs
+
+pytestmark = [
+    pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found"),
+    pytest.mark.skipif(UNDER_MPI, reason="starts its own mpiexec jobs; run outside MPI"),
+]
+
+# fault -> (a regex the report must match, whether only the watchdog timeout can detect it)
+FAULTS = {
+    "raise_before_init": ("RuntimeError: fault raise_before_init", False),
+    "raise_forward": ("RuntimeError: fault raise_forward", False),
+    "raise_backward": ("RuntimeError: fault raise_backward", False),
+    "raise_optimizer": ("RuntimeError: fault raise_optimizer", False),
+    "exit3": ("rank 1 exited with status 3", False),
+    "exit0": (r"rank 1 exited \(status 0\)", False),
+    # its last loss.numpy() meets the others' next step: reported as a mismatch
+    "one_step_fewer": ("rank 1 called a different collective", False),
+    "sigkill": ("signal 9", False),
+    "segfault": ("Segmentation fault(.|\\n)*fault_job.py", False),
+    "blocked": ("rank 1 did not arrive", True),
+    "numpy_one_rank": (r"rank 1 called a different collective(.|\n)*Tensor.numpy\(\), "
+                       "which is a collective", False),
+    "dtype_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: shape \[8, 16\] dtype float32", False),
+    "shape_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: shape \[6, 16\]", False),
+    "placement_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: .*\[Replicate\(\), Replicate\(\)\]",
+                           False),
+    "swapped_collectives": ("rank 1 called a different collective(.|\n)*rank 1: all_reduce.*op=max", False),
+    # rank 1 skips the step; its final loss.numpy() meets the others' next step
+    "caught_label_error": ("rank 1 called a different collective", False),
+}
+
+
+def numpy_loss() -> float:
+    """The clean run's final loss, from numpy alone (SGD, lr 0.1, mean cross entropy)."""
+    rng = np.random.default_rng(0)
+    X, W, y = rng.random((8, 16)), rng.random((16, 6)), rng.integers(0, 6, (8,))
+    for _ in range(3):
+        z = X @ W
+        a = np.maximum(z, 0)
+        e = np.exp(a - a.max(1, keepdims=True))
+        p = e / e.sum(1, keepdims=True)
+        loss = -np.log(p[np.arange(8), y]).mean()
+        d = p.copy()
+        d[np.arange(8), y] -= 1
+        W = W - 0.1 * X.T @ ((d / 8) * (z > 0))
+    return float(loss)
+
+
+def run(tmp_path, fault: str, how: str, **extra_env):
+    env = dict(os.environ, **extra_env, FAULT=fault, FAULT_RANK="1", DISTTENSOR_TIMEOUT=str(TIMEOUT),
+               OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    job = os.path.join(HERE, "fault_job.py")
+    if how == "mpiexec":
+        cmd = [MPIEXEC, "-n", "4", sys.executable, job]
+    else:
+        cmd = [sys.executable, "-m", "launch", "--nproc", "4", "--log-dir", str(tmp_path / "logs"), job]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120, env=env, cwd=str(tmp_path))
+    end = time.time()
+    marker = tmp_path / "fault_time"
+    since = end - float(marker.read_text()) if marker.exists() else None
+    return r, since
+
+
+@pytest.mark.parametrize("how", ["mpiexec", "launch"])
+def test_clean_run(tmp_path, how):
+    r, _ = run(tmp_path, "none", how)
+    assert r.returncode == 0, r.stdout
+    losses = {float(line.rsplit(" ", 1)[1]) for line in r.stdout.splitlines() if "final loss" in line}
+    assert len(losses) == 1 and abs(losses.pop() - numpy_loss()) < 1e-5, r.stdout
+
+
+@pytest.mark.parametrize("how", ["mpiexec", "launch"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_ends_job(tmp_path, fault, how):
+    text, timeout_case = FAULTS[fault]
+    r, since = run(tmp_path, fault, how)
+    out = r.stdout
+    assert r.returncode != 0, out
+    assert "final loss" not in out, out
+    assert since is not None, "the fault was never injected:\n" + out
+    assert since < (TIMEOUT + 10 if timeout_case else 10), f"ended {since:.1f} s after the fault\n{out}"
+    assert re.search(text, out), out
+    if how == "launch":
+        assert "launch: rank 1 failed" in out, out
+
+
+def test_debug_mode_finds_ranks_holding_different_replicated_data(tmp_path):
+    """DISTTENSOR_CHECK_COLLECTIVES=1 compares a checksum of shard_tensor's data."""
+    r, since = run(tmp_path, "unseeded_data", "mpiexec", DISTTENSOR_CHECK_COLLECTIVES="1")
+    assert r.returncode != 0 and since < 10, r.stdout
+    assert re.search(r"shard_tensor: ranks disagree(.|\n)*data crc32", r.stdout), r.stdout
