@@ -47,11 +47,7 @@ def _backward(roots, root_grads, retain_graph, inputs):
         if r.stop_gradient:
             raise RuntimeError(f"backward: tensor '{r._label()}' has stop_gradient=True; there "
                                "is nothing to differentiate")
-        if g is None:
-            if r.size != 1:
-                raise ValueError(f"backward: grad_tensor is required for tensor '{r._label()}' "
-                                 f"of shape {r.shape}; only one-element tensors get an implicit "
-                                 "grad of ones")
+        if g is None:  # Paddle: ones of the tensor's shape (and layout)
             g = ones_like(r)
         elif not isinstance(g, Tensor):
             raise TypeError(f"backward: grad_tensor must be a Tensor, got {type(g).__name__}")
@@ -169,13 +165,14 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
 def tensor_backward(self: Tensor, grad_tensor: Tensor | None = None,
                     retain_graph: bool = False) -> None:
     """``Tensor.backward``: accumulate d(self)/d(leaf) into every leaf's ``.grad``
-    (``grad_tensor`` defaults to ones for a one-element tensor)."""
+    (``grad_tensor=None`` means ones of self's shape, as in Paddle, for any shape)."""
     run_backward([self], [grad_tensor], retain_graph=retain_graph)
 
 
 def backward(tensors: Sequence[Tensor] | Tensor, grad_tensors=None,
              retain_graph: bool = False) -> None:
-    """Paddle's ``paddle.autograd.backward``: backward from several tensors at once."""
+    """Paddle's ``paddle.autograd.backward``: backward from several tensors at once, each
+    seeded with its entry of ``grad_tensors`` (None, or a None entry: ones of its shape)."""
     tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
     if grad_tensors is None:
         grad_tensors = [None] * len(tensors)

@@ -262,6 +262,9 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
         if first is None:
             first = v.array
         arrays.append(v.array)
+    if op.strict_dtypes:  # the dtype rule may refuse this mix of dtypes
+        op.out_dtypes([None if a is None else a.dtype for a in arrays], attrs,
+                      [None if a is None else a.shape for a in arrays])
     plan = op.plan0
     if plan is None:
         plan = dense_plan(op, len(inputs), op.view_if(first.shape, first.strides, attrs)

@@ -43,7 +43,8 @@ from spmd_rules import RULES, rule_coverage
 
 __all__ = ["OpDef", "OPS", "register", "KernelCtx", "DENSE_CTX", "API", "METHODS", "public",
            "coverage_report",
-           "same_dtype", "promote_dtypes", "fixed_dtype", "attr_dtype", "ufunc_dtype"]
+           "same_dtype", "promote_dtypes", "fixed_dtype", "attr_dtype", "ufunc_dtype",
+           "DtypeMismatch", "paddle_promote", "promoting", "equal_dtypes"]
 
 
 # -- dtype inference ------------------------------------------------------------------------
@@ -54,6 +55,46 @@ DtypeRule = Callable[[Sequence[Any], dict], tuple]
 def promote_dtypes(dtypes: Sequence[Any], attrs: dict) -> tuple:
     """numpy's result type of the present inputs (the default)."""
     return (np.result_type(*[d for d in dtypes if d is not None]),)
+
+
+class DtypeMismatch(TypeError):
+    """Raised by a dtype rule that refuses its inputs' dtypes (the op adds its name)."""
+
+
+def _mismatch(ds, why: str):
+    names = ", ".join(f"input {i}: {np.dtype(d).name}" for i, d in enumerate(ds) if d is not None)
+    raise DtypeMismatch(f"inputs of different dtypes ({names}); {why}")
+
+
+def promoting(rule: DtypeRule) -> DtypeRule:
+    """``rule`` behind Paddle's Tensor-Tensor promotion check: inputs of one dtype, or floating
+    dtypes only (float16 + float32 -> float32: the larger one); any other mix (int with float,
+    int32 with int64, bool with int) is refused — cast one input first. Python scalars are not
+    Tensors here: the public functions give them a dtype by Paddle's Tensor-Scalar rule first."""
+    def check(dtypes, attrs):
+        ds = [np.dtype(d) for d in dtypes if d is not None]
+        if any(d != ds[0] for d in ds) and not all(d.kind == "f" for d in ds):
+            _mismatch(dtypes, "Paddle promotes only between floating dtypes; cast one input "
+                              "first")
+        return rule(dtypes, attrs)
+    check.strict = True
+    return check
+
+
+#: the Tensor-Tensor rule of the arithmetic ops (add, subtract, multiply, maximum, ...)
+paddle_promote = promoting(promote_dtypes)
+
+
+def equal_dtypes(dtypes: Sequence[Any], attrs: dict) -> tuple:
+    """One dtype for every present input, which is the output's (matmul, concat, stack:
+    Paddle and PyTorch refuse mixed dtypes there)."""
+    ds = [np.dtype(d) for d in dtypes if d is not None]
+    if any(d != ds[0] for d in ds):
+        _mismatch(dtypes, "this op needs one dtype for all inputs; cast one input first")
+    return (ds[0],)
+
+
+equal_dtypes.strict = True
 
 
 def same_dtype(i: int = 0, n_out: int = 1) -> DtypeRule:
@@ -151,9 +192,20 @@ class OpDef:
     def differentiable(self) -> bool:
         return self.backward is not None
 
-    def out_dtypes(self, dtypes: Sequence[Any], attrs: dict) -> tuple:
-        """The output dtypes for inputs of ``dtypes`` (None for absent inputs)."""
-        return tuple(np.dtype(d) for d in self.dtype(dtypes, attrs))
+    def __post_init__(self) -> None:
+        # the dtype rule may refuse its inputs: dense calls consult it too
+        self.strict_dtypes: bool = getattr(self.dtype, "strict", False)
+
+    def out_dtypes(self, dtypes: Sequence[Any], attrs: dict, shapes: Sequence[Any] = ()
+                   ) -> tuple:
+        """The output dtypes for inputs of ``dtypes`` (None for absent inputs); a refused
+        mix raises TypeError naming the op (and the input ``shapes`` when given)."""
+        try:
+            return tuple(np.dtype(d) for d in self.dtype(dtypes, attrs))
+        except DtypeMismatch as e:
+            where = f" (shapes {[None if s is None else list(s) for s in shapes]})" \
+                if shapes else ""
+            raise TypeError(f"{self.name}: {e}{where}") from None
 
     def view_source(self, slot: int) -> int | None:
         """The input whose buffer output ``slot`` views, if any."""

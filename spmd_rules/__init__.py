@@ -29,27 +29,29 @@ rank in the mesh):
   axes and divide by the global count;
 - Partial(avg) is treated like Partial(sum) by the linear rules (both are linear).
 """
-from .placement import LINEAR_REDUCE_TYPES, Partial, Placement, ReduceType, Replicate, Shard
+from .placement import (LINEAR_REDUCE_TYPES, LOGICAL_REDUCE_TYPES, Partial, Placement, ReduceType,
+                        Replicate, Shard)
 from .mesh import ProcessMesh
 from .dist_attr import DistAttr, local_offset, local_shape, local_slices, split_range
 from .base import (FALLBACK_RULE, RULES, Rule, SpmdResult, TensorMeta, get_rule, register_rule,
                    rule_coverage)
 from .einsum import broadcast_notations, contracted_partial, layout, linear_partial, merge_shardings
-from .reshape import (DimTrans, Flatten, InputDim, Singleton, Split, infer_dim_trans,
-                      make_reshape_dim_trans)
+from .reshape import (Broadcast, DimTrans, Flatten, InputDim, Repeat, Singleton, Split,
+                      infer_dim_trans, make_reshape_dim_trans)
 from .view import parse_index
 from .redistribute import ReshardPlan, Step, plan_reshard, plan_same_mesh, reshard_cost
 from .norm import channel_axis
 from .reduction import REDUCE_PARTIAL
 from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, reduction,  # noqa: F401  (register rules)
-               replicated, shape, softmax)
+               replicated, softmax)
 
 __all__ = [
     "ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",
+    "LOGICAL_REDUCE_TYPES",
     "ProcessMesh", "DistAttr", "split_range", "local_shape", "local_offset", "local_slices",
     "TensorMeta", "SpmdResult", "Rule", "RULES", "FALLBACK_RULE", "register_rule", "get_rule",
     "rule_coverage", "merge_shardings", "layout", "contracted_partial", "broadcast_notations",
-    "linear_partial", "DimTrans", "InputDim", "Singleton", "Flatten", "Split",
-    "make_reshape_dim_trans", "infer_dim_trans", "parse_index", "ReshardPlan", "Step",
+    "linear_partial", "DimTrans", "InputDim", "Singleton", "Flatten", "Split", "Broadcast",
+    "Repeat", "make_reshape_dim_trans", "infer_dim_trans", "parse_index", "ReshardPlan", "Step",
     "plan_reshard", "plan_same_mesh", "reshard_cost", "channel_axis", "REDUCE_PARTIAL",
 ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from .base import (SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name,
                    register_rule, require)
-from .einsum import layout, merge_shardings
+from .einsum import keep_cheapest, layout, merge_shardings
 
 __all__ = ["concat", "stack", "split"]
 
@@ -40,7 +40,8 @@ def concat(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     notation = [None if d == axis else d for d in range(first.ndim)]
     partial = _shared_partial(metas)
     merged = merge_shardings([notation] * len(metas), [m.dist_attr for m in metas],
-                             {m for m, _ in partial})
+                             {m for m, _ in partial}, [m.shape for m in metas],
+                             [partial] * len(metas))
     attr = layout(notation, merged, mesh, partial)
     shape = list(first.shape)
     shape[axis] = sum(m.shape[axis] for m in metas)
@@ -61,7 +62,8 @@ def stack(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdR
     notation = list(range(len(shape)))
     partial = _shared_partial(metas)
     merged = merge_shardings([notation] * len(metas), [m.dist_attr for m in metas],
-                             {m for m, _ in partial})
+                             {m for m, _ in partial}, [m.shape for m in metas],
+                             [partial] * len(metas))
     attr = layout(notation, merged, mesh, partial)
     out_not = notation[:axis] + [None] + notation[axis:]
     out_shape = shape[:axis] + (len(metas),) + shape[axis:]
@@ -72,7 +74,8 @@ def stack(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdR
 @register_rule("split")
 def split(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
     """input (x,), attrs sections (sizes summing to x.shape[axis]), axis -> len(sections)
-    outputs. The split axis is required Replicate; other axes and Partial kept."""
+    outputs. The split axis is required Replicate (its mesh dims move to another axis when that
+    is cheaper: :func:`keep_cheapest`); other axes and Partial kept."""
     op = op_name(attrs, "split")
     require(metas, op, 1)
     (x,) = metas
@@ -84,7 +87,6 @@ def split(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdR
             or sum(sections) != x.shape[axis]:
         raise ValueError(f"{op}: sections={sections} must be non-negative ints summing to "
                          f"x.shape[{axis}]={x.shape[axis]} (x shape {x.shape})")
-    xa = x.dist_attr
-    attr = xa.with_dims_mapping([() if d == axis else dm for d, dm in enumerate(xa.dims_mapping)])
+    attr = keep_cheapest(x, [d != axis for d in range(x.ndim)])
     outs = tuple(TensorMeta(x.shape[:axis] + (s,) + x.shape[axis + 1:], attr) for s in sections)
     return SpmdResult((attr,), outs)

@@ -44,7 +44,8 @@ def cross_entropy(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) 
     logits, label = metas
     mesh = mesh_shape_of(op, metas)
     _, loss_shape, logit_not, label_not, loss_not = _notations(op, logits, label, attrs)
-    merged = merge_shardings([logit_not, label_not], [logits.dist_attr, label.dist_attr])
+    merged = merge_shardings([logit_not, label_not], [logits.dist_attr, label.dist_attr],
+                             shapes=[logits.shape, label.shape])
     la = layout(logit_not, merged, mesh)
     return SpmdResult((la, layout(label_not, merged, mesh)),
                       (TensorMeta(logits.shape, la), TensorMeta(loss_shape, layout(loss_not, merged, mesh))))
@@ -63,7 +64,8 @@ def cross_entropy_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, A
     if dloss.shape != loss_shape:
         raise ValueError(f"{op}: dloss has shape {dloss.shape}, expected {loss_shape}")
     merged = merge_shardings([sm_not, label_not, loss_not],
-                             [sm.dist_attr, label.dist_attr, dloss.dist_attr])
+                             [sm.dist_attr, label.dist_attr, dloss.dist_attr],
+                             shapes=[sm.shape, label.shape, dloss.shape])
     sa = layout(sm_not, merged, mesh)
     return SpmdResult((sa, layout(label_not, merged, mesh), layout(loss_not, merged, mesh)),
                       (TensorMeta(sm.shape, sa),))

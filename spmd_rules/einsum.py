@@ -4,9 +4,10 @@ A *notation* gives one label per tensor dim. Equal labels across tensors denote 
 axis; ``None`` marks a dim that takes part in no merge and must be replicated (a broadcast size-1
 dim, a normalized axis, a tiled axis...). Labels are any hashable values (letters or ints).
 
-1. :func:`merge_shardings` merges the shardings of equal labels across the inputs: the first
-   input (in order) that shards a label decides it; a mesh dim may shard only one label, so later
-   uses of an already-claimed mesh dim are dropped.
+1. :func:`merge_shardings` merges the shardings of equal labels across the inputs; a mesh dim
+   may shard only one label. Given the inputs' shapes it picks the map whose reshards move the
+   fewest bytes (cost-based, as PyTorch's sharding propagation), else the first input that
+   shards a label decides it.
 2. :func:`layout` gives a tensor's DistAttr from its notation and the merged map; inputs get
    this as their required layout, outputs as their produced layout.
 3. :func:`contracted_partial` lists the mesh dims that shard labels absent from an output: the
@@ -14,27 +15,67 @@ dim, a normalized axis, a tiled axis...). Labels are any hashable values (letter
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Iterable, Sequence
 
 from .dist_attr import DistAttr
 from .placement import LINEAR_REDUCE_TYPES, ReduceType
+from .redistribute import reshard_cost
 
 __all__ = ["Notation", "merge_shardings", "layout", "contracted_partial", "broadcast_notations",
-           "linear_partial"]
+           "linear_partial", "keep_cheapest"]
 
 Notation = Sequence["Hashable | None"]
 
 
 def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAttr | None],
-                    exclude: Iterable[int] = ()) -> dict[Hashable, tuple[int, ...]]:
-    """Label -> mesh dims sharding it (split order). Mesh dims in ``exclude`` are never used
-    (e.g. mesh dims on which a kept Partial lives)."""
+                    exclude: Iterable[int] = (),
+                    shapes: Sequence[Sequence[int] | None] | None = None,
+                    partials: Sequence[Iterable[tuple[int, ReduceType]]] | None = None
+                    ) -> dict[Hashable, tuple[int, ...]]:
+    """Label -> mesh dims sharding it (split order: ascending). Mesh dims in ``exclude`` are
+    never used (e.g. mesh dims on which a kept Partial lives).
+
+    Without ``shapes``: the first input that shards a label decides it. With the inputs' global
+    ``shapes``: the first-wins map when it moves nothing, else the map whose reshards move the
+    fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`), searched over every
+    assignment of the mesh dims the inputs shard to the labels (or to none): a mesh dim on a
+    dim that cannot stay sharded moves to another dim by an all-to-all when that beats the
+    all-gather (layer_norm of ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties go
+    to the map that shards more, then to the first-wins map. Other mesh dims (free ones, and
+    those of a Partial being resolved) are never added: that is free or cheaper here but changes
+    what every later op and gradient receives (a tensor-parallel GPT's weight gradients stopped
+    arriving as bucketable Partials when it was tried). ``partials[i]``: the partial input i
+    keeps (the rest of its Partial is resolved), so the cost counts the right steps (a Shard
+    becoming a kept Partial is free)."""
+    order = [i for i, (n, a) in enumerate(zip(notations, attrs)) if n is not None and a is not None]
+    excluded = frozenset(exclude)
+    first = _first_wins(notations, attrs, excluded, order)
+    if shapes is None:
+        return first
+    kept = [()] * len(attrs) if partials is None else [tuple(p) for p in partials]
+    first_cost = _cost(first, notations, attrs, shapes, order, kept)
+    if not first_cost:  # nothing moves
+        return first
+    labels = list(dict.fromkeys(lab for i in order for lab in notations[i] if lab is not None))
+    mesh_dims = sorted({m for i in order for m in attrs[i].sharded_mesh_dims()} - excluded)
+    best_key, best = (first_cost, -_n_used(first), 0), first
+    for choice in itertools.product([None] + labels, repeat=len(mesh_dims)):
+        merged: dict[Hashable, tuple[int, ...]] = {}
+        for m, lab in zip(mesh_dims, choice):
+            if lab is not None:
+                merged[lab] = merged.get(lab, ()) + (m,)
+        key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
+        if key < best_key:
+            best_key, best = key, merged
+    return best
+
+
+def _first_wins(notations, attrs, excluded, order) -> dict[Hashable, tuple[int, ...]]:
     merged: dict[Hashable, tuple[int, ...]] = {}
-    used = set(exclude)
-    for notation, attr in zip(notations, attrs):
-        if notation is None or attr is None:
-            continue
-        for label, dm in zip(notation, attr.dims_mapping):
+    used = set(excluded)
+    for i in order:
+        for label, dm in zip(notations[i], attrs[i].dims_mapping):
             if label is None or label in merged or not dm:
                 continue
             keep = tuple(m for m in dm if m not in used)
@@ -42,6 +83,31 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
                 merged[label] = keep
                 used.update(keep)
     return merged
+
+
+def _n_used(merged) -> int:
+    return sum(len(dm) for dm in merged.values())
+
+
+def _cost(merged, notations, attrs, shapes, order, kept) -> int:
+    """Elements the present inputs' reshards to ``merged`` (keeping ``kept`` partials)
+    receive."""
+    total = 0
+    for i in order:
+        a = attrs[i]
+        want = layout(notations[i], merged, a.mesh_shape, kept[i])
+        total += reshard_cost(tuple(shapes[i]), 1, a, want)
+    return total
+
+
+def keep_cheapest(meta, shardable: Sequence[bool]) -> DistAttr:
+    """The layout of a one-input op whose dims may stay sharded only where ``shardable``: the
+    input's layout with the other dims' mesh dims dropped or moved to a shardable dim, whichever
+    moves fewer bytes; the input's Partial mesh dims are kept as they are."""
+    a = meta.dist_attr
+    notation = [d if ok else None for d, ok in enumerate(shardable)]
+    merged = merge_shardings([notation], [a], a.partial_dims(), [meta.shape], [a.partial])
+    return layout(notation, merged, a.mesh_shape, a.partial)
 
 
 def layout(notation: Notation, merged: dict[Hashable, tuple[int, ...]], mesh_shape: Sequence[int],

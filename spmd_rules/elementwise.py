@@ -4,32 +4,39 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, register_rule
+from .placement import LINEAR_REDUCE_TYPES, ReduceType
+from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, prod, register_rule
 from .einsum import broadcast_notations, layout, linear_partial, merge_shardings
 
 __all__ = ["elementwise"]
 
-_LINEAR_KINDS = (None, "add", "mul", "unary", "like")
+_LINEAR_KINDS = (None, "add", "mul", "unary", "like", "max", "min")
 
 
 def _kept_partials(op: str, metas: Sequence[TensorMeta], attrs: Mapping[str, Any]) -> tuple[list, list]:
-    """Per input the partial it may keep, and the output's partial."""
+    """Per input the partial it must have, and the output's partial (see :func:`elementwise`)."""
     linear = attrs.get("linear")
     if linear not in _LINEAR_KINDS:
         raise ValueError(f"{op}: unknown linear kind {linear!r}; expected one of {_LINEAR_KINDS}")
     attrs_ = [m.dist_attr for m in metas]
     none: list = [() for _ in metas]
-    if linear == "add":
-        if all(linear_partial(a) for a in attrs_) and len({a.partial for a in attrs_}) == 1:
-            return [a.partial for a in attrs_], list(attrs_[0].partial)
+    carriers = [i for i, a in enumerate(attrs_) if a.is_partial()]
+    if not carriers:
+        return none, []
+    first = attrs_[carriers[0]].partial
+    if linear in ("add", "max", "min"):
+        types = LINEAR_REDUCE_TYPES if linear == "add" else {ReduceType(linear)}
+        if all(attrs_[i].partial == first for i in carriers) and all(r in types for _, r in first):
+            return [first] * len(metas), list(first)  # the others become Partial locally
     elif linear == "mul":
         allowed = tuple(attrs.get("linear_inputs", (0,)))
-        carriers = [i for i, a in enumerate(attrs_) if a.is_partial()]
-        if (len(metas) == 2 and len(carriers) == 1 and carriers[0] in allowed
-                and linear_partial(attrs_[carriers[0]])):
+        cands = [i for i in carriers if i in allowed and linear_partial(attrs_[i])]
+        # with two candidates the smaller factor is resolved (one all-reduce of fewer bytes)
+        keep = max(cands, key=lambda i: (prod(metas[i].shape), -i), default=None)
+        if len(metas) == 2 and keep is not None:  # the other factor is resolved (one collective)
             kept = list(none)
-            kept[carriers[0]] = attrs_[carriers[0]].partial
-            return kept, list(attrs_[carriers[0]].partial)
+            kept[keep] = attrs_[keep].partial
+            return kept, list(attrs_[keep].partial)
     elif linear == "unary":
         if len(metas) == 1 and linear_partial(attrs_[0]):
             return [attrs_[0].partial], list(attrs_[0].partial)
@@ -46,9 +53,13 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     broadcast against a larger one is required Replicate. Partial inputs are resolved (required
     non-partial) unless ``attrs["linear"]`` allows keeping them:
 
-    - ``"add"``: every input Partial (sum/avg) with identical partial -> output keeps it;
-    - ``"mul"``: 2 inputs, exactly one Partial (sum/avg) and its index in
-      ``attrs["linear_inputs"]`` (default ``(0,)``) -> output keeps it;
+    - ``"add"`` (add, subtract): the Partial inputs share one partial of sum/avg -> the output
+      keeps it and the other inputs become Partial locally (Replicate -> the value on
+      coordinate 0, Shard -> the own block: no communication, as PyTorch's ``P + R``);
+    - ``"max"`` / ``"min"`` (maximum, minimum): the same with Partial(max) / Partial(min);
+    - ``"mul"``: 2 inputs, a Partial (sum/avg) one whose index is in ``attrs["linear_inputs"]``
+      (default ``(0,)``) -> output keeps it; the other input is resolved (``P * P``: one
+      all-reduce, of the smaller factor);
     - ``"unary"``: a single Partial (sum/avg) input -> output keeps it;
     - ``"like"`` (full_like & co.): inputs keep any partial (values unused), output not partial.
 
@@ -62,7 +73,8 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
                                                [f"input {i}" for i in range(len(metas))])
     kept, out_partial = _kept_partials(op, metas, attrs)
     exclude = {m for p in kept for m, _ in p}
-    merged = merge_shardings(notations, [m.dist_attr for m in metas], exclude)
+    merged = merge_shardings(notations, [m.dist_attr for m in metas], exclude,
+                             [m.shape for m in metas], kept)
     inputs = tuple(layout(n, merged, mesh, p) for n, p in zip(notations, kept))
     out = layout(range(len(out_shape)), merged, mesh, out_partial)
     return SpmdResult(inputs, (TensorMeta(out_shape, out),) * int(attrs.get("num_outputs", 1)))

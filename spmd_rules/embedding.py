@@ -26,7 +26,8 @@ def embedding(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> S
     mesh = mesh_shape_of(op, metas)
     check_ndim(op, "weight", w, ndims=(2,))
     b = list(range(ids.ndim))
-    merged = merge_shardings([b, ["v", "d"]], [ids.dist_attr, w.dist_attr])
+    merged = merge_shardings([b, ["v", "d"]], [ids.dist_attr, w.dist_attr],
+                             shapes=[ids.shape, w.shape])
     out_not = b + ["d"]
     out = layout(out_not, merged, mesh, contracted_partial(merged, out_not))
     return SpmdResult((layout(b, merged, mesh), layout(["v", "d"], merged, mesh)),
@@ -51,7 +52,8 @@ def embedding_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any])
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 0:
         raise ValueError(f"{op}: num_embeddings must be a non-negative int, got {vocab!r}")
     b = list(range(ids.ndim))
-    merged = merge_shardings([b, b + ["d"]], [ids.dist_attr, dout.dist_attr])
+    merged = merge_shardings([b, b + ["d"]], [ids.dist_attr, dout.dist_attr],
+                             shapes=[ids.shape, dout.shape])
     out_not = ["v", "d"]
     out = layout(out_not, merged, mesh, contracted_partial(merged, out_not))
     return SpmdResult((layout(b, merged, mesh), layout(b + ["d"], merged, mesh)),

@@ -28,7 +28,8 @@ def gather(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     x_not = [None if d == axis else d for d in range(x.ndim)]
     out_not = ["i" if d == axis else d for d in range(x.ndim)]
     keep = x.dist_attr.partial
-    merged = merge_shardings([x_not, ["i"]], [x.dist_attr, index.dist_attr], {m for m, _ in keep})
+    merged = merge_shardings([x_not, ["i"]], [x.dist_attr, index.dist_attr], {m for m, _ in keep},
+                             [x.shape, index.shape], [keep, ()])
     out_shape = x.shape[:axis] + index.shape + x.shape[axis + 1:]
     return SpmdResult((layout(x_not, merged, mesh, keep), layout(["i"], merged, mesh)),
                       (TensorMeta(out_shape, layout(out_not, merged, mesh, keep)),))
@@ -55,7 +56,8 @@ def gather_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     d_not = ["i" if d == axis else d for d in range(len(input_shape))]
     out_not = [None if d == axis else d for d in range(len(input_shape))]
     keep = dout.dist_attr.partial if linear_partial(dout.dist_attr) else ()
-    merged = merge_shardings([["i"], d_not], [index.dist_attr, dout.dist_attr], {m for m, _ in keep})
+    merged = merge_shardings([["i"], d_not], [index.dist_attr, dout.dist_attr], {m for m, _ in keep},
+                             [index.shape, dout.shape], [(), keep])
     partial = list(keep) + contracted_partial(merged, out_not)
     return SpmdResult((layout(["i"], merged, mesh), layout(d_not, merged, mesh, keep)),
                       (TensorMeta(input_shape, layout(out_not, merged, mesh, partial)),))
@@ -73,6 +75,6 @@ def one_hot(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spm
     if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
         raise ValueError(f"{op}: num_classes must be a non-negative int, got {classes!r}")
     notation = list(range(x.ndim))
-    merged = merge_shardings([notation], [x.dist_attr])
+    merged = merge_shardings([notation], [x.dist_attr], shapes=[x.shape])
     return SpmdResult((layout(notation, merged, mesh),),
                       (TensorMeta(x.shape + (classes,), layout(notation + [None], merged, mesh)),))

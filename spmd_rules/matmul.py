@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, register_rule, require
+from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, prod, register_rule, require
 from .einsum import broadcast_notations, contracted_partial, layout, linear_partial, merge_shardings
 
 __all__ = ["matmul"]
@@ -17,8 +17,9 @@ def matmul(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     Notation ``...mk, ...kn -> ...mn`` with broadcast batch dims (size-1 broadcast batch dims
     replicated) and numpy's 1-d promotion (a 1-d x has no m, a 1-d y no n). Shardings of m, k,
     n and batch axes merge across x and y (x first); mesh dims sharding k make the output
-    Partial(sum). If exactly one input is Partial (sum/avg) and the other is not partial, the
-    partial is kept (linearity); otherwise partial inputs are resolved.
+    Partial(sum). A Partial (sum/avg) input stays Partial (linearity) and so does the output;
+    when both are, the smaller one is resolved (one all-reduce of the fewer bytes); other
+    partial inputs are resolved.
     """
     op = op_name(attrs, "matmul")
     require(metas, op, 2)
@@ -49,10 +50,16 @@ def matmul(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     out_shape = batch + tuple(s for s in (m, n) if s is not None)
 
     xa, ya = x.dist_attr, y.dist_attr
-    x_keep = xa.partial if linear_partial(xa) and not ya.is_partial() else ()
-    y_keep = ya.partial if linear_partial(ya) and not xa.is_partial() else ()
+    # one Partial (sum/avg) operand stays Partial; with two, the smaller one is resolved
+    x_lin, y_lin = linear_partial(xa), linear_partial(ya)
+    if x_lin and y_lin:
+        x_lin = prod(x.shape) >= prod(y.shape)
+        y_lin = not x_lin
+    x_keep = xa.partial if x_lin else ()
+    y_keep = ya.partial if y_lin else ()
     exclude = {md for md, _ in x_keep + y_keep}
-    merged = merge_shardings([x_not, y_not], [xa, ya], exclude)
+    merged = merge_shardings([x_not, y_not], [xa, ya], exclude, [x.shape, y.shape],
+                             [x_keep, y_keep])
     out = layout(out_not, merged, mesh, list(x_keep + y_keep) + contracted_partial(merged, out_not))
     return SpmdResult((layout(x_not, merged, mesh, x_keep), layout(y_not, merged, mesh, y_keep)),
                       (TensorMeta(out_shape, out),))

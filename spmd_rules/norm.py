@@ -44,7 +44,7 @@ def layer_norm(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> 
     _check_affine(op, "weight", w, x, begin)
     _check_affine(op, "bias", b, x, begin)
     x_not = [d if d < begin else None for d in range(x.ndim)]
-    merged = merge_shardings([x_not], [x.dist_attr])
+    merged = merge_shardings([x_not], [x.dist_attr], shapes=[x.shape])
     xa = layout(x_not, merged, mesh)
     stat = TensorMeta(x.shape[:begin], layout(range(begin), merged, mesh))
     rep = [None if m is None else layout([None] * m.ndim, {}, mesh) for m in (w, b)]
@@ -71,7 +71,8 @@ def layer_norm_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]
     x_not = [d if d < begin else None for d in range(x.ndim)]
     lead = list(range(begin))
     merged = merge_shardings([x_not, None, lead, lead, x_not],
-                             [m.dist_attr if m is not None else None for m in metas])
+                             [m.dist_attr if m is not None else None for m in metas],
+                             shapes=[None if m is None else m.shape for m in metas])
     xa = layout(x_not, merged, mesh)
     sa = layout(lead, merged, mesh)
     pshape = w.shape if w is not None else x.shape[begin:]
@@ -125,7 +126,8 @@ def batch_norm(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> 
     x, x_not = _bn_setup(op, metas, attrs, (1, 2, 3, 4),
                          ("running_mean", "running_var", "weight", "bias"))
     nots = [x_not, ["c"], ["c"], ["c"], ["c"]]
-    merged = merge_shardings(nots, [m.dist_attr if m is not None else None for m in metas])
+    merged = merge_shardings(nots, [m.dist_attr if m is not None else None for m in metas],
+                             shapes=[None if m is None else m.shape for m in metas])
     xa, ca = layout(x_not, merged, mesh), layout(["c"], merged, mesh)
     vec = TensorMeta((x.shape[x_not.index("c")],), ca)
     return SpmdResult((xa, ca, ca, *(None if m is None else ca for m in metas[3:])),
@@ -146,7 +148,8 @@ def batch_norm_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]
     if metas[4].shape != x.shape:
         raise ValueError(f"{op}: dout has shape {metas[4].shape}, expected {x.shape} like x")
     nots = [x_not, ["c"], ["c"], ["c"], x_not]
-    merged = merge_shardings(nots, [m.dist_attr if m is not None else None for m in metas])
+    merged = merge_shardings(nots, [m.dist_attr if m is not None else None for m in metas],
+                             shapes=[None if m is None else m.shape for m in metas])
     xa, ca = layout(x_not, merged, mesh), layout(["c"], merged, mesh)
     vec = TensorMeta((x.shape[x_not.index("c")],), ca)
     return SpmdResult((xa, None if metas[1] is None else ca, ca, ca, xa),

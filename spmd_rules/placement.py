@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES"]
+__all__ = ["ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",
+           "LOGICAL_REDUCE_TYPES"]
 
 
 class ReduceType(str, Enum):
@@ -15,12 +16,16 @@ class ReduceType(str, Enum):
     MAX = "max"
     MIN = "min"
     PROD = "prod"
+    ANY = "any"  # logical or (bool tensors)
+    ALL = "all"  # logical and (bool tensors)
     # Paddle-style aliases (same members).
     kRedSum = "sum"
     kRedAvg = "avg"
     kRedMax = "max"
     kRedMin = "min"
     kRedProd = "prod"
+    kRedAny = "any"
+    kRedAll = "all"
 
     def __str__(self) -> str:
         return self.value
@@ -29,6 +34,9 @@ class ReduceType(str, Enum):
 #: Reduce types under which a pending value is a linear combination of the pieces, so that
 #: linear ops (add, scale, matmul by a non-partial operand, sum, reshape...) commute with it.
 LINEAR_REDUCE_TYPES = frozenset({ReduceType.SUM, ReduceType.AVG})
+
+#: Reduce types that only a bool tensor may carry (logical or / and of the pieces).
+LOGICAL_REDUCE_TYPES = frozenset({ReduceType.ANY, ReduceType.ALL})
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,10 @@ class Shard(Placement):
 
     def is_shard(self, dim: int | None = None) -> bool:
         return dim is None or dim == self.dim
+
+    def get_dim(self) -> int:
+        """The tensor dim this placement splits (Paddle's ``Shard.get_dim``)."""
+        return self.dim
 
 
 @dataclass(frozen=True)

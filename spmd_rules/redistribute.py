@@ -5,7 +5,9 @@ source and target :class:`DistAttr`, and cached. On one mesh it works mesh dim b
 one collective per changed mesh dim:
 
 1. partial mesh dims: P→S by reduce-scatter when the target shard can be cut from the current
-   piece, P(sum)↔P(avg) by a local scale, otherwise P→R by all-reduce;
+   piece, P(sum)↔P(avg) by a local scale, otherwise P→R by all-reduce; then a tensor dim whose
+   only sharding mesh dim a the target replaces by an unused mesh dim b of the same size moves
+   by one pairwise exchange (``[S(0), R] -> [R, S(0)]``: rank (i, j) swaps with (j, i));
 2. sharded mesh dims that the target does not keep (it keeps the common prefix of each tensor
    dim's split order), innermost first: S→S' by all-to-all when the target shard can be cut
    from the current piece, S→P locally when the target makes that mesh dim Partial (the own
@@ -18,8 +20,8 @@ Mesh dims of size 1 never need communication. Across meshes, disjoint meshes of 
 and layout move each piece point to point; otherwise the source gathers to Replicate and each
 target rank receives exactly its piece from one source rank (or copies it, when it is one).
 
-:func:`reshard_cost` gives the bytes per rank a plan moves: the cost model the rules use to
-choose between layouts.
+:func:`reshard_cost` gives the bytes a rank receives over a plan (:attr:`Step.traffic`): the
+cost model the rules use to choose between layouts.
 """
 from __future__ import annotations
 
@@ -32,13 +34,15 @@ from .placement import ReduceType
 
 __all__ = ["Step", "ReshardPlan", "plan_reshard", "plan_same_mesh", "reshard_cost"]
 
-_COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+_COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "swap")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a plan. ``kind`` is a collective name, ``slice``, ``scale_partial``,
-    ``to_partial``, ``shard_to_partial`` or ``send_recv``; ``bytes_per_rank`` is the largest local input it moves."""
+    """One step of a plan. ``kind`` is a collective name, ``swap`` (a pairwise exchange: a
+    tensor dim's sharding moves from mesh dim ``mesh_dim`` to mesh dim ``split_dim`` of the same
+    size), ``slice``, ``scale_partial``, ``to_partial``, ``shard_to_partial`` or ``send_recv``;
+    ``bytes_per_rank`` is the largest local input it moves."""
 
     kind: str
     mesh_dim: int | None = None
@@ -53,6 +57,20 @@ class Step:
     def is_collective(self) -> bool:
         return self.kind in _COLLECTIVE_KINDS
 
+    @property
+    def traffic(self) -> int:
+        """Bytes a rank receives in this step (ring algorithms; 0 for local steps): the cost
+        model. n pieces on the mesh dim: all-gather and swap receive the other pieces
+        ((n-1)·piece, piece), reduce-scatter and all-to-all (n-1)/n of the piece, all-reduce
+        twice that (reduce-scatter + all-gather)."""
+        if not self.is_collective and self.kind != "send_recv":
+            return 0
+        n = self.before.mesh_shape[self.mesh_dim] if self.mesh_dim is not None else 1
+        b = self.bytes_per_rank
+        return {"all_gather": b * (n - 1), "swap": b, "send_recv": b,
+                "reduce_scatter": b * (n - 1) // n, "all_to_all": b * (n - 1) // n,
+                "all_reduce": 2 * b * (n - 1) // n}[self.kind]
+
     def describe(self) -> str:
         where = f"mesh dim {self.mesh_dim}" if self.mesh_dim is not None else "across meshes"
         what = {
@@ -60,6 +78,8 @@ class Step:
             "all_gather": f"all-gather tensor dim {self.tensor_dim}",
             "reduce_scatter": f"reduce-scatter ({self.reduce_type}) tensor dim {self.tensor_dim}",
             "all_to_all": f"all-to-all split dim {self.split_dim} -> concat dim {self.tensor_dim}",
+            "swap": f"pairwise exchange moving tensor dim {self.tensor_dim} to mesh dim "
+                    f"{self.split_dim}",
             "slice": f"local slice of tensor dim {self.tensor_dim}",
             "scale_partial": f"local rescale Partial -> Partial({self.reduce_type})",
             "to_partial": f"local Replicate -> Partial({self.reduce_type})",
@@ -176,6 +196,21 @@ def plan_same_mesh(shape: tuple[int, ...], itemsize: int, src: DistAttr, dst: Di
         else:
             done("all_reduce", before, mesh_dim=m, reduce_type=r.value)
 
+    # 1b. a tensor dim sharded by mesh dim a alone that the target shards first by mesh dim b
+    # of the same size (b unused, a not kept on it): the rank at coordinate c needs exactly the
+    # piece held at c with its a and b coordinates exchanged -> one pairwise exchange
+    for d in range(len(shape)):
+        cur, target = st.dims[d], dst_n.dims_mapping[d]
+        if len(cur) != 1 or not target or target[0] == cur[0] or cur[0] in target:
+            continue
+        a, b = cur[0], target[0]
+        in_use = {m for dm in st.dims for m in dm} | set(st.partial)
+        if b in in_use or st.mesh_shape[a] != st.mesh_shape[b]:
+            continue
+        before = st.freeze()
+        st.dims[d] = [b]
+        done("swap", before, mesh_dim=a, tensor_dim=d, split_dim=b)
+
     # 2. unshard what the target does not keep, innermost first
     changed = True
     while changed:
@@ -239,9 +274,8 @@ def plan_reshard(shape: tuple[int, ...], itemsize: int, src_mesh: ProcessMesh, s
 
 
 def reshard_cost(shape: tuple[int, ...], itemsize: int, src: DistAttr, dst: DistAttr) -> int:
-    """Bytes per rank that moving ``src`` to ``dst`` on one mesh sends (0 when only local
-    steps are needed)."""
+    """Bytes a rank receives while moving ``src`` to ``dst`` on one mesh (0 when only local
+    steps are needed): the sum of the plan's :attr:`Step.traffic`."""
     if src == dst:
         return 0
-    return sum(s.bytes_per_rank for s in plan_same_mesh(tuple(shape), itemsize, src, dst)
-               if s.is_collective)
+    return sum(s.traffic for s in plan_same_mesh(tuple(shape), itemsize, src, dst))

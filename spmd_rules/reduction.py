@@ -57,7 +57,7 @@ def reduction(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> S
     xa = x.dist_attr
     keep = xa.partial if xa.is_partial() and all(r in compatible for _, r in xa.partial) else ()
     x_not = [None if (out_type is None and d in axes) else d for d in range(x.ndim)]
-    merged = merge_shardings([x_not], [xa], {m for m, _ in keep})
+    merged = merge_shardings([x_not], [xa], {m for m, _ in keep}, [x.shape], [keep])
     out_not = [None if d in axes else d for d in range(x.ndim) if keepdim or d not in axes]
     out_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes)
     partial = list(keep) + (contracted_partial(merged, out_not, out_type) if out_type else [])

@@ -1,5 +1,5 @@
-"""reshape and the ops expressed through it (squeeze, unsqueeze, flatten), via Paddle-style
-dim transformations.
+"""reshape and every view-like op expressed in the same dim-trans algebra (squeeze, unsqueeze,
+flatten, transpose, expand, tile: one rule function, as PyTorch's ``_view_ops``).
 
 :func:`make_reshape_dim_trans` pairs source and target dims into groups of equal product
 (size-1 dims are left out of the groups: a size-1 target dim is a :class:`Singleton`, a size-1
@@ -9,7 +9,10 @@ source dim is dropped) and writes each target dim as
 - ``Flatten(InputDim(i), InputDim(j), ...)``: several source dims merged into one;
 - ``Split(inner, shape, index)``: piece ``index`` of ``inner`` (an InputDim or a Flatten)
   viewed as ``shape`` (row-major);
-- ``Singleton()``: a new size-1 dim.
+- ``Singleton()``: a new size-1 dim;
+- ``Broadcast(size)``: a dim not taken from the source (expand's new or expanded dims);
+- ``Repeat(InputDim(i), times)``: source dim i tiled ``times`` times (tile);
+- a permutation (transpose) is the InputDims in permuted order.
 
 Which shardings survive (the rest are required Replicate before the local reshape):
 
@@ -17,7 +20,12 @@ Which shardings survive (the rest are required Replicate before the local reshap
 - on a ``Flatten``: those of its leftmost source dim, as the longest prefix (in split order)
   of its mesh dims whose product divides that dim's size;
 - on ``Split(..., index=0)``: those surviving on ``inner``, shortened to the longest prefix
-  whose product also divides ``shape[0]``; other pieces get none.
+  whose product also divides ``shape[0]``; other pieces get none;
+- on ``Repeat`` with ``times == 1``: as on its InputDim; on ``Broadcast``/``Singleton``: none.
+
+When the surviving shardings differ from the input's layout, the rule also tries every placement
+of the input's mesh dims that the dim trans keeps as it is and takes the cheapest reshard
+(an all-to-all instead of an all-gather).
 
 These conditions make every rank's local piece a contiguous block of the flattened group that
 is exactly its block of the output, so ``local.reshape(local_shape(out_shape, out_attr,
@@ -25,6 +33,7 @@ coord))`` is the output's local piece. A tensor with no elements is replicated.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +41,11 @@ from typing import Any
 from .base import (SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, prod,
                    register_rule, require)
 from .dist_attr import DistAttr
+from .redistribute import reshard_cost
 
-__all__ = ["DimTrans", "InputDim", "Singleton", "Flatten", "Split", "make_reshape_dim_trans",
-           "infer_dim_trans", "reshape", "squeeze", "unsqueeze", "flatten"]
+__all__ = ["Broadcast", "Repeat", "DimTrans", "InputDim", "Singleton", "Flatten", "Split", "make_reshape_dim_trans",
+           "infer_dim_trans", "reshape", "squeeze", "unsqueeze", "flatten", "transpose", "tile",
+           "expand"]
 
 
 class DimTrans:
@@ -60,6 +71,17 @@ class Flatten(DimTrans):
 
     def __repr__(self) -> str:
         return f"Flatten({', '.join(map(repr, self.inputs))})"
+
+
+@dataclass(frozen=True)
+class Broadcast(DimTrans):
+    size: int
+
+
+@dataclass(frozen=True)
+class Repeat(DimTrans):
+    input: InputDim
+    times: int
 
 
 @dataclass(frozen=True)
@@ -107,7 +129,33 @@ def make_reshape_dim_trans(src_shape: Sequence[int], tgt_shape: Sequence[int]) -
             shape = tuple(tgt[d] for d in t_dims)
             for k, d in enumerate(t_dims):
                 out[d] = Split(inner, shape, k)
+    _pair_unit_dims(src, tgt, out)
     return out
+
+
+def _pair_unit_dims(src: tuple[int, ...], tgt: tuple[int, ...], out: list[DimTrans]) -> None:
+    """Size-1 target dims take a size-1 source dim of the same gap between the grouped dims
+    (in order), so a sharding on a size-1 dim (one piece holds it, the others are empty)
+    survives the reshape; the rest stay Singleton."""
+    def gaps(shape: tuple[int, ...], is_group_start) -> list[list[int]]:
+        res: list[list[int]] = [[]]
+        for d, n in enumerate(shape):
+            if n == 1:
+                res[-1].append(d)
+            elif is_group_start(d):
+                res.append([])
+        return res
+
+    src_starts = {t.dim if isinstance(t, InputDim) else
+                  (t.inputs[0].dim if isinstance(t, Flatten) else None)
+                  for t in out if not isinstance(t, (Singleton, Split))}
+    src_starts |= {(t.input.dim if isinstance(t.input, InputDim) else t.input.inputs[0].dim)
+                   for t in out if isinstance(t, Split) and t.index == 0}
+    tgt_starts = {j for j, t in enumerate(out)
+                  if not isinstance(t, Singleton) and not (isinstance(t, Split) and t.index)}
+    for s_gap, t_gap in zip(gaps(src, src_starts.__contains__), gaps(tgt, tgt_starts.__contains__)):
+        for i, j in zip(s_gap, t_gap):
+            out[j] = InputDim(i)
 
 
 def _divisible_prefix(dims: tuple[int, ...], size: int, mesh_shape: Sequence[int]) -> tuple[int, ...]:
@@ -130,6 +178,8 @@ def _surviving(trans: DimTrans, src: Sequence[int], attr: DistAttr) -> tuple[int
     if isinstance(trans, Split) and trans.index == 0:
         d, dims = _surviving(trans.input, src, attr)
         return d, _divisible_prefix(dims, trans.shape[0], attr.mesh_shape)
+    if isinstance(trans, Repeat) and trans.times == 1:
+        return _surviving(trans.input, src, attr)
     return None, ()
 
 
@@ -141,7 +191,8 @@ def infer_dim_trans(src_shape: Sequence[int], attr: DistAttr, trans: Sequence[Di
     in_map: list[tuple[int, ...]] = [() for _ in src]
     out_map: list[tuple[int, ...]] = []
     for t in trans:
-        d, dims = _surviving(t, src, attr) if prod(src) else (None, ())
+        d, dims = _surviving(t, src, attr) if prod(src) or isinstance(t, (InputDim, Repeat)) \
+            else (None, ())
         if d is not None and dims:
             in_map[d] = dims
         out_map.append(dims)
@@ -149,7 +200,30 @@ def infer_dim_trans(src_shape: Sequence[int], attr: DistAttr, trans: Sequence[Di
 
 
 def _reshape_result(x: TensorMeta, target: tuple[int, ...]) -> SpmdResult:
-    required, out = infer_dim_trans(x.shape, x.dist_attr, make_reshape_dim_trans(x.shape, target))
+    return _view_result(x, make_reshape_dim_trans(x.shape, target), target)
+
+
+def _view_result(x: TensorMeta, trans: Sequence[DimTrans], target: tuple[int, ...]
+                 ) -> SpmdResult:
+    """The dim-trans answer, or when that moves data, the cheapest layout the dim trans keeps
+    as it is (x's sharding mesh dims placed on other dims: an all-to-all instead of an
+    all-gather, e.g. [2, 3, 2] as S(1) -> [12] moves mesh dim 0 onto dim 0)."""
+    required, out = infer_dim_trans(x.shape, x.dist_attr, trans)
+    plain = x.dist_attr.without_partial()
+    cost = reshard_cost(x.shape, 1, plain, required.without_partial())
+    if cost:
+        mesh_dims = sorted(m for dm in plain.dims_mapping for m in dm)
+        for choice in itertools.product(range(-1, x.ndim), repeat=len(mesh_dims)):
+            dims: list[tuple[int, ...]] = [() for _ in x.shape]
+            for m, d in zip(mesh_dims, choice):
+                if d >= 0:
+                    dims[d] += (m,)
+            cand = x.dist_attr.with_dims_mapping(dims)
+            c = reshard_cost(x.shape, 1, plain, cand.without_partial())
+            if c < cost:
+                req, o = infer_dim_trans(x.shape, cand, trans)
+                if req == cand:
+                    cost, required, out = c, req, o
     return SpmdResult((required,), (TensorMeta(target, out),))
 
 
@@ -224,3 +298,54 @@ def flatten(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spm
         raise ValueError(f"{op}: start_axis={start} > stop_axis={stop} for x of shape {x.shape}")
     target = x.shape[:start] + (prod(x.shape[start:stop + 1]),) + x.shape[stop + 1:]
     return _reshape_result(x, target)
+
+
+@register_rule("transpose")
+def transpose(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """input (x,), attrs perm (a permutation of range(ndim)). Output dim i is ``InputDim(perm[i])``
+    with its sharding; nothing is resharded; Partial kept."""
+    op = op_name(attrs, "transpose")
+    x = _check_one(op, metas)
+    perm = tuple(attrs.get("perm", ()))
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(f"{op}: perm={perm} is not a permutation of the {x.ndim} dims of x {x.shape}")
+    return _view_result(x, [InputDim(p) for p in perm], tuple(x.shape[p] for p in perm))
+
+
+def _int_tuple(op: str, name: str, value: Any) -> tuple[int, ...]:
+    if value is None or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
+        raise ValueError(f"{op}: {name} must be a tuple of non-negative ints, got {value!r}")
+    return tuple(value)
+
+
+@register_rule("tile")
+def tile(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """input (x,), attrs repeat_times (numpy.tile: shorter reps are padded with leading 1s,
+    longer ones add leading axes: ``Broadcast``). Each x dim is ``Repeat(InputDim(d), times)``:
+    only ``times == 1`` keeps its sharding; Partial kept."""
+    op = op_name(attrs, "tile")
+    x = _check_one(op, metas)
+    reps = _int_tuple(op, "repeat_times", attrs.get("repeat_times"))
+    ndim = max(x.ndim, len(reps))
+    reps = (1,) * (ndim - len(reps)) + reps
+    lead = ndim - x.ndim
+    out_shape = tuple(((1,) * lead + x.shape)[d] * reps[d] for d in range(ndim))
+    trans = [Broadcast(out_shape[d]) for d in range(lead)] + \
+        [Repeat(InputDim(d), reps[lead + d]) for d in range(x.ndim)]
+    return _view_result(x, trans, out_shape)
+
+
+@register_rule("expand")
+def expand(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """input (x,), attrs shape (global target, numpy broadcast_to rules). New leading dims and
+    expanded size-1 dims are ``Broadcast`` (replicated), the others ``InputDim`` (keep their
+    sharding); Partial kept."""
+    op = op_name(attrs, "expand")
+    x = _check_one(op, metas)
+    shape = _int_tuple(op, "shape", attrs.get("shape"))
+    lead = len(shape) - x.ndim
+    if lead < 0 or any(s != t and s != 1 for s, t in zip(x.shape, shape[lead:])):
+        raise ValueError(f"{op}: cannot expand x of shape {x.shape} to {shape}")
+    trans = [Broadcast(t) for t in shape[:lead]] + \
+        [InputDim(d) if s == t else Broadcast(t) for d, (s, t) in enumerate(zip(x.shape, shape[lead:]))]
+    return _view_result(x, trans, shape)

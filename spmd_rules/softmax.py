@@ -28,7 +28,8 @@ def softmax(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spm
     if ndim:
         check_axis(op, "axis", axis, ndim)
     notation = [None if d == axis else d for d in range(ndim)]
-    merged = merge_shardings([notation] * len(metas), [m.dist_attr for m in metas])
+    merged = merge_shardings([notation] * len(metas), [m.dist_attr for m in metas],
+                             shapes=[m.shape for m in metas])
     attr = layout(notation, merged, mesh)
     n_out = int(attrs.get("num_outputs", 1))
     return SpmdResult(tuple(attr for _ in metas), tuple(TensorMeta(shape, attr) for _ in range(n_out)))

@@ -1,29 +1,14 @@
-"""transpose, slicing and slicing's grad."""
+"""Slicing, slicing's grad and set_value."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, register_rule, require
+from .einsum import keep_cheapest
 from .dist_attr import DistAttr
 
-__all__ = ["transpose", "slice_", "slice_grad", "set_value", "parse_index"]
-
-
-@register_rule("transpose")
-def transpose(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
-    """input (x,), attrs perm (a permutation of range(ndim)). Output dim i takes x's dim perm[i]
-    with its sharding; nothing is resharded; Partial kept."""
-    op = op_name(attrs, "transpose")
-    require(metas, op, 1)
-    (x,) = metas
-    mesh_shape_of(op, metas)
-    perm = tuple(attrs.get("perm", ()))
-    if sorted(perm) != list(range(x.ndim)):
-        raise ValueError(f"{op}: perm={perm} is not a permutation of the {x.ndim} dims of x {x.shape}")
-    xa = x.dist_attr
-    out = xa.with_dims_mapping([xa.dims_mapping[p] for p in perm])
-    return SpmdResult((xa,), (TensorMeta(tuple(x.shape[p] for p in perm), out),))
+__all__ = ["slice_", "slice_grad", "set_value", "parse_index"]
 
 
 def parse_index(op: str, index: Sequence[Any], shape: Sequence[int]
@@ -72,8 +57,9 @@ def parse_index(op: str, index: Sequence[Any], shape: Sequence[int]
 @register_rule("slice")
 def slice_(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
     """input (x,), attrs index (see :func:`parse_index`). Axes taken by an int or by a slice
-    that is not the full range are required Replicate; full-range axes keep their sharding; new
-    axes are replicated; Partial kept. Local index: full-range axes become ``slice(None)``, the
+    that is not the full range are required Replicate; full-range axes keep their sharding (or
+    take the others' mesh dims when cheaper: :func:`keep_cheapest`); new axes are replicated;
+    Partial kept. Local index: full-range axes become ``slice(None)``, the
     others keep their global item (the axis is replicated)."""
     op = op_name(attrs, "slice")
     require(metas, op, 1)
@@ -81,7 +67,7 @@ def slice_(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     mesh_shape_of(op, metas)
     out_shape, src, full = parse_index(op, attrs.get("index", ()), x.shape)
     xa = x.dist_attr
-    required = xa.with_dims_mapping([dm if f else () for dm, f in zip(xa.dims_mapping, full)])
+    required = keep_cheapest(x, full)
     out = xa.with_dims_mapping([() if a is None else required.dims_mapping[a] for a in src])
     return SpmdResult((required,), (TensorMeta(out_shape, out),))
 
@@ -102,7 +88,7 @@ def slice_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> 
                          f"input_shape {input_shape} gives {out_shape}")
     da = dout.dist_attr
     keep = [a is not None and full[a] for a in src]
-    required = da.with_dims_mapping([dm if k else () for dm, k in zip(da.dims_mapping, keep)])
+    required = keep_cheapest(dout, keep)
     dx_map: list[tuple[int, ...]] = [() for _ in input_shape]
     for k, a in enumerate(src):
         if keep[k]:
@@ -122,8 +108,7 @@ def set_value(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> S
     x, value = metas
     mesh = mesh_shape_of(op, metas)
     region, src, full = parse_index(op, attrs.get("index", ()), x.shape)
-    xa = x.dist_attr.without_partial()
-    required = xa.with_dims_mapping([dm if f else () for dm, f in zip(xa.dims_mapping, full)])
+    required = keep_cheapest(TensorMeta(x.shape, x.dist_attr.without_partial()), full)
     region_map = [() if a is None else required.dims_mapping[a] for a in src]
     lead = len(region) - value.ndim
     if lead < 0 or any(n not in (1, region[lead + i]) for i, n in enumerate(value.shape)):

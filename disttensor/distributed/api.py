@@ -22,13 +22,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spmd_rules import (DistAttr, Partial, Placement, ProcessMesh, ReshardPlan, Replicate, Shard,
-                        local_slices, plan_reshard)
+from spmd_rules import (LOGICAL_REDUCE_TYPES, DistAttr, Partial, Placement, ProcessMesh,
+                        ReshardPlan, Replicate, Shard, local_slices, plan_reshard)
 
 from ..dispatch import host_read, run
 from ..dtype import to_np_dtype
 from ..nn.layer import Parameter
-from ..ops import cast, to_tensor
+from ..ops import cast, setitem, to_tensor
 from ..plan import Instr, OutSpec, Plan
 from ..schema import OPS, public, register
 from ..tape import _GradMode, set_grad_enabled
@@ -43,7 +43,9 @@ __all__ = ["shard_tensor", "reshard", "reshard_to", "reshard_plan", "dtensor_fro
 
 
 def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement], ndim: int,
-                      shape, allow_partial: bool) -> DistAttr:
+                      shape, dtype=None) -> DistAttr:
+    """The DistAttr of ``placements`` for a tensor of ``shape``; Partial(any/all) only on bool
+    tensors (``dtype`` given)."""
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"{op}: mesh must be a ProcessMesh, got {type(mesh).__name__}")
     check_mesh(mesh, op)
@@ -52,10 +54,10 @@ def _check_placements(op: str, mesh: ProcessMesh, placements: Sequence[Placement
         if not isinstance(p, (Shard, Replicate, Partial)):
             raise TypeError(f"{op}: placements {placements} contain {p!r}, which is not a "
                             "Shard, Replicate or Partial")
-        if isinstance(p, Partial) and not allow_partial:
-            raise ValueError(f"{op}: placements {placements} contain Partial; a tensor can only "
-                             "become Partial as the output of an op (use dtensor_from_local to "
-                             "build one from per-rank addends)")
+        if (dtype is not None and isinstance(p, Partial) and p.reduce_type in
+                LOGICAL_REDUCE_TYPES and np.dtype(dtype) != np.bool_):
+            raise ValueError(f"{op}: placements {placements}: {p!r} needs a bool tensor, got "
+                             f"dtype {np.dtype(dtype).name} of shape {list(shape)}")
     try:
         return _layout_of(tuple(placements), ndim, mesh)
     except ValueError as e:
@@ -124,13 +126,17 @@ def _reshard_plan(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
 
 
 def _reshard_bwd(node, g):
-    # The gradient of the global value, laid out like the input without its Partial dims. No
-    # Partial(avg) scaling here: that belongs where the addends themselves are the variables
-    # (dtensor_from_local's backward).
+    # The gradient of the global value. On the same mesh it stays in the layout it arrives in
+    # (sharded gradients stay sharded; the leaf, or the next op's rule, decides where it must
+    # move), across meshes it goes back to the input's mesh laid out like the input without its
+    # Partial dims. No Partial(avg) scaling here: that belongs where the addends themselves are
+    # the variables (dtensor_from_local's backward).
     src_mesh, src_attr = node.attrs["src_mesh"], node.attrs["src_attr"]
     if src_attr is None:  # the input was dense: its gradient is the replicated value
         return _to_local(reshard_to(g, g._value.mesh, DistAttr.replicated(
             g.ndim, g._value.mesh.shape)))
+    if g.is_dist() and g._value.mesh == src_mesh:
+        return g
     return reshard_to(g, src_mesh, src_attr.without_partial())
 
 
@@ -147,17 +153,22 @@ def reshard_to(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Tensor:
 
 def reshard_plan(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> ReshardPlan:
     """The plan ``reshard(x, mesh, placements)`` would run (print it to see the steps)."""
-    attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, allow_partial=True)
     v = _dist_value("reshard", x)
+    attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, v.dtype)
     return plan_reshard(v.shape, np.dtype(v.dtype).itemsize, v.mesh, v.dist_attr, mesh, attr)
 
 
 @public()
 def reshard(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Tensor:
     """``x`` laid out as ``placements`` on ``mesh`` (a new tensor; collectives as planned).
-    Resharding to Partial is refused, as in user code a Partial layout only comes from ops."""
-    attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, allow_partial=False)
-    check_reshard(_dist_value("reshard", x), mesh, attr)
+
+    Partial targets keep the global value: from Replicate (or Shard) the value stays on
+    coordinate 0 of each new Partial mesh dim (its own block, for Shard) and the reduction's
+    identity fills the rest, Partial(sum) <-> Partial(avg) rescales locally, and a Partial
+    source to its own placements is a copy."""
+    v = _dist_value("reshard", x)
+    attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, v.dtype)
+    check_reshard(v, mesh, attr)
     return reshard_to(x, mesh, attr)
 
 
@@ -180,16 +191,25 @@ def _slicer(shape, attr: DistAttr, coord):
 
 
 def _shard_plan(src: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
+    """This rank's slice of ``src``; Partial mesh dims then keep the value on coordinate 0 and
+    the reduction's identity elsewhere (Replicate -> Partial, no communication)."""
     arr = src._value.array
     shape = tuple(arr.shape)
     coord = coord_of(mesh)
+    plain = attr.without_partial()
     if coord is None:
         fn = lambda a: empty_piece(shape, a.dtype, a)  # noqa: E731
         label = "empty piece (rank outside the mesh)"
     else:
-        fn, label = _slicer(shape, attr, coord), f"slice of {attr.to_placements()}"
-    return Plan(OPS["shard_tensor"], "dist", 1, (Instr("local", fn, (0,), (1,), label=label),),
-                (OutSpec(1, shape, arr.dtype, canonical(attr)),), mesh=canonical_mesh(mesh))
+        fn, label = _slicer(shape, plain, coord), f"slice of {plain.to_placements()}"
+    instrs = [Instr("local", fn, (0,), (1,), label=label)]
+    out = 1
+    if attr.partial and coord is not None:
+        more, out, _ = reshard_instrs(plan_reshard(shape, arr.dtype.itemsize, mesh, plain, mesh,
+                                                   attr), arr.dtype, 1, 2)
+        instrs += more
+    return Plan(OPS["shard_tensor"], "dist", 1, tuple(instrs),
+                (OutSpec(out, shape, arr.dtype, canonical(attr)),), mesh=canonical_mesh(mesh))
 
 
 @public()
@@ -212,8 +232,7 @@ def shard_tensor(data: Any, mesh: ProcessMesh, placements: Sequence[Placement], 
         src = to_tensor(data, dtype=dtype, place=place)
     elif dtype is not None and np.dtype(src.dtype) != to_np_dtype(dtype):
         src = cast(src, dtype)
-    attr = _check_placements("shard_tensor", mesh, placements, src.ndim, src.shape,
-                             allow_partial=False)
+    attr = _check_placements("shard_tensor", mesh, placements, src.ndim, src.shape, src.dtype)
     check_shard_tensor(mesh, attr, src._value.array)
     sg = src.stop_gradient if stop_gradient is None else bool(stop_gradient)
     differentiable = src._node is not None and not src.stop_gradient and _GradMode.enabled
@@ -308,7 +327,7 @@ def dtensor_from_local(local: Any, mesh: ProcessMesh, placements: Sequence[Place
         raise ValueError("dtensor_from_local: local is already distributed")
     arr = t._value.array
     attr = _check_placements("dtensor_from_local", mesh, placements, arr.ndim, arr.shape,
-                             allow_partial=True)
+                             arr.dtype)
     if coord_of(mesh) is None:
         # A rank outside the mesh takes no part in the (mesh-wide) check and holds an empty
         # piece; it can only know the global shape when it is given.
@@ -341,9 +360,20 @@ def _to_local(x: Tensor) -> Tensor:
 
 
 @public()
-def dtensor_to_local(x: Tensor) -> Tensor:
-    """This rank's piece as a dense tensor sharing the buffer (differentiable)."""
-    _dist_value("dtensor_to_local", x)
+def dtensor_to_local(x: Tensor, mesh: ProcessMesh | None = None,
+                     placements: Sequence[Placement] | None = None) -> Tensor:
+    """This rank's piece as a dense tensor sharing the buffer (differentiable).
+
+    Paddle's three-argument form ``dtensor_to_local(x, mesh, placements)`` names the layout
+    whose piece is wanted: x's own (the usual case: no communication), or another one that x
+    is resharded to first."""
+    v = _dist_value("dtensor_to_local", x)
+    if (mesh is None) != (placements is None):
+        raise ValueError("dtensor_to_local: pass both mesh and placements, or neither")
+    if mesh is not None:
+        attr = _check_placements("dtensor_to_local", mesh, placements, x.ndim, x.shape, v.dtype)
+        if mesh != v.mesh or attr != v.dist_attr:
+            x = reshard_to(x, mesh, attr)
     return _to_local(x)
 
 
@@ -362,6 +392,25 @@ def unshard_dtensor(x: Tensor) -> Tensor:
     """The global value as a dense tensor on every rank of the mesh (differentiable)."""
     v = _dist_value("unshard_dtensor", x)
     return _to_local(reshard_to(x, v.mesh, DistAttr.replicated(x.ndim, v.mesh.shape)))
+
+
+@public(methods=("set_value",), export=False)
+def set_value(x: Tensor, value: Any) -> Tensor:
+    """``x.set_value(value)`` (Paddle): replace x's data by ``value`` (a Tensor, array or
+    nested list of x's global shape, cast to x's dtype) outside autograd: x keeps its
+    identity, buffer, mesh and placements (the usual way to load weights into a parameter).
+    A dense ``value`` for a distributed ``x`` is the global value: each rank keeps its slice."""
+    vshape = list(value.shape) if isinstance(value, Tensor) else list(np.shape(value))
+    if vshape != list(x.shape):
+        raise ValueError(f"set_value: value of shape {vshape} does not match the tensor's "
+                         f"shape {list(x.shape)}")
+    if not isinstance(value, Tensor):
+        value = to_tensor(np.asarray(value), dtype=x.dtype)
+    elif value.dtype != x.dtype:
+        value = cast(value, x.dtype)
+    with set_grad_enabled(False):
+        setitem(x, Ellipsis, value)
+    return x
 
 
 @public(methods=True, export=False)

@@ -144,7 +144,7 @@ def plan_call(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh,
     metas = _metas(inputs, mesh)
     in_attrs, out_metas = _rule_result(op, inputs, metas, attrs, mesh)
     in_dtypes = [None if t is None else np.dtype(t.dtype) for t in inputs]
-    out_dtypes = op.out_dtypes(in_dtypes, attrs)
+    out_dtypes = op.out_dtypes(in_dtypes, attrs, [None if t is None else t.shape for t in inputs])
     n_out = len(out_dtypes) if op.n_out == -1 else op.n_out
     if out_metas is not None:
         n_out = len(out_metas)

@@ -33,22 +33,30 @@ def _sizes(total: int, parts: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(parts)]
 
 
+#: the collective op that reduces a Partial of each reduce type (any/all: bool max/min)
+_COLLECTIVE_OP = {"any": "max", "all": "min"}
+
+
 def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
     """``step`` as a function of this rank's piece, with its group and sizes resolved."""
     k, m = step.kind, step.mesh_dim
     n = mesh.shape[m] if m is not None else 1
     d = step.tensor_dim
     if k == "all_reduce":
-        return partial(group_along(mesh, m).all_reduce, op=step.reduce_type)
+        return partial(group_along(mesh, m).all_reduce,
+                       op=_COLLECTIVE_OP.get(step.reduce_type, step.reduce_type))
     if k == "all_gather":
         sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
         return partial(group_along(mesh, m).all_gather, axis=d, sizes=sizes)
     if k == "reduce_scatter":
-        return partial(group_along(mesh, m).reduce_scatter, op=step.reduce_type, axis=d)
+        return partial(group_along(mesh, m).reduce_scatter,
+                       op=_COLLECTIVE_OP.get(step.reduce_type, step.reduce_type), axis=d)
     if k == "all_to_all":
         sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
         return partial(group_along(mesh, m).all_to_all, split_axis=step.split_dim,
                        concat_axis=d, recv_sizes=sizes)
+    if k == "swap":
+        return _swap(step, shape, mesh, coord)
     if k == "slice":
         def cut(arr):
             a, b = split_range(arr.shape[d], n, coord[m])
@@ -82,6 +90,30 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
     raise AssertionError(k)
 
 
+def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
+    """Exchange pieces with the rank whose coordinates along the two mesh dims are swapped
+    (the lower rank sends first, so blocking point-to-point calls cannot deadlock)."""
+    a, b = step.mesh_dim, step.split_dim
+    other = list(coord)
+    other[a], other[b] = coord[b], coord[a]
+    if other == list(coord):
+        return lambda arr: arr  # already holds its target piece
+    peer, me = mesh.rank_at(other), get_rank()
+    out_shape = tuple(s.stop - s.start for s in local_slices(shape, step.after, coord))
+    w = world()
+
+    def swap(arr):
+        like = None if isinstance(arr, np.ndarray) else arr
+        send = np.ascontiguousarray(arr) if like is None else arr
+        if me < peer:
+            w.send(send, peer)
+            return w.recv(out_shape, arr.dtype, peer, like=like)
+        got = w.recv(out_shape, arr.dtype, peer, like=like)
+        w.send(send, peer)
+        return got
+    return swap
+
+
 def _identity(reduce_type: str, dtype):
     """The value that does not change a ``reduce_type`` reduction."""
     dt = np.dtype(dtype)
@@ -89,6 +121,8 @@ def _identity(reduce_type: str, dtype):
         return 0
     if reduce_type == "prod":
         return 1
+    if reduce_type in ("any", "all"):
+        return reduce_type == "all"
     if dt.kind == "b":
         return reduce_type == "min"
     if dt.kind in "iu":

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..dispatch import apply, apply_inplace
 from ..dtype import to_np_dtype
-from ..schema import OPS, attr_dtype, fixed_dtype, public, register, same_dtype, ufunc_dtype
+from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
+                      same_dtype, ufunc_dtype)
 from ..tensor import Tensor
 from .common import as_tensor, grad_op_backward, sum_to_shape
 
@@ -71,7 +72,8 @@ def _ufunc_kernel(ufunc):
 
 
 _INPLACE = ((0, 0),)
-_ARITH = dict(rule="elementwise", inplace=_INPLACE, accepts_out=True, reuse=(0, 1))
+_ARITH = dict(rule="elementwise", inplace=_INPLACE, accepts_out=True, reuse=(0, 1),
+              dtype=paddle_promote)
 register("add", _ufunc_kernel(np.add), backward=_add_bwd, no_need_buffer=(0, 1),
          rule_attrs={"linear": "add"}, **_ARITH)
 register("subtract", _ufunc_kernel(np.subtract), backward=_sub_bwd, no_need_buffer=(0, 1),
@@ -79,14 +81,16 @@ register("subtract", _ufunc_kernel(np.subtract), backward=_sub_bwd, no_need_buff
 register("multiply", _ufunc_kernel(np.multiply), backward=_mul_bwd, save_inputs=(0, 1),
          rule_attrs={"linear": "mul", "linear_inputs": (0, 1)}, **_ARITH)
 register("divide", _ufunc_kernel(np.true_divide), backward=_div_bwd, save_inputs=(0, 1),
-         dtype=ufunc_dtype(np.true_divide),
-         rule_attrs={"linear": "mul", "linear_inputs": (0,)}, **_ARITH)
+         rule_attrs={"linear": "mul", "linear_inputs": (0,)},
+         **{**_ARITH, "dtype": promoting(ufunc_dtype(np.true_divide))})
 register("pow", _ufunc_kernel(np.power), backward=_pow_bwd, rule="elementwise",
-         save_inputs=(0, 1), save_outputs=(0,), accepts_out=True)
+         save_inputs=(0, 1), save_outputs=(0,), accepts_out=True, dtype=paddle_promote)
 register("maximum", _ufunc_kernel(np.maximum), backward=_minmax_bwd, rule="elementwise",
-         save_inputs=(0, 1), reuse=(0, 1), accepts_out=True)
+         save_inputs=(0, 1), reuse=(0, 1), accepts_out=True, dtype=paddle_promote,
+         rule_attrs={"linear": "max"})
 register("minimum", _ufunc_kernel(np.minimum), backward=_minmax_bwd, rule="elementwise",
-         save_inputs=(0, 1), reuse=(0, 1), accepts_out=True)
+         save_inputs=(0, 1), reuse=(0, 1), accepts_out=True, dtype=paddle_promote,
+         rule_attrs={"linear": "min"})
 
 
 def _minmax_mask_kernel(xp, x, y, pick, out=None):
@@ -393,9 +397,15 @@ def _where_bwd(node, g):
             sum_to_shape(where(c, z, g), sy) if node.needs_grad(2) else None)
 
 
+def _where_dtype(dtypes, attrs):
+    """Paddle's promotion of x and y (the bool condition takes no part)."""
+    return paddle_promote(dtypes[1:], attrs)
+
+
+_where_dtype.strict = True
 register("where", lambda xp, c, x, y: xp.where(c, x, y), backward=_where_bwd,
          rule="elementwise", save_inputs=(0,), grad_inputs=(1, 2), no_need_buffer=(1, 2),
-         dtype=lambda dtypes, attrs: (np.result_type(dtypes[1], dtypes[2]),))
+         dtype=_where_dtype)
 register("full_like", _full_like_kernel, accepts_out=True,
          rule="elementwise", rule_attrs={"linear": "like"}, no_need_buffer=(0,),
          dtype=attr_dtype())
@@ -403,12 +413,24 @@ register("full_like", _full_like_kernel, accepts_out=True,
 
 # -- public functions --------------------------------------------------------------------------
 
+def _with_scalar(x: Any, y: Any) -> tuple[Tensor, Tensor]:
+    """Both operands as Tensors; a Python scalar operand follows Paddle's Tensor-Scalar rule:
+    it takes the tensor's dtype, except a float with an int/bool tensor (float32) and an int
+    with a bool tensor (int64), where the tensor is cast to that dtype first."""
+    sx, sy = not isinstance(x, Tensor), not isinstance(y, Tensor)
+    x, y = as_tensor(x, y), as_tensor(y, x)
+    if sy and not sx and y.dtype != x.dtype:
+        x = cast(x, y.dtype)
+    elif sx and not sy and x.dtype != y.dtype:
+        y = cast(y, x.dtype)
+    return x, y
+
+
 def _binary(name: str, methods=(), rmethods=()):
     op = OPS[name]
 
     def f(x: Any, y: Any, name: str | None = None) -> Tensor:
-        x, y = as_tensor(x, y), as_tensor(y, x)
-        return apply(op, (x, y), {})
+        return apply(op, _with_scalar(x, y), {})
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise {name} of x and y with numpy broadcasting."
     return public(name, methods=(name,) + tuple(methods), rmethods=rmethods)(f)
@@ -553,7 +575,7 @@ def _inplace_binary(name: str, operator: str):
     op = OPS[name]
 
     def f(x: Tensor, y: Any, name: str | None = None) -> Tensor:
-        return apply_inplace(op, (x, as_tensor(y, x)), {})
+        return apply_inplace(op, (x, as_tensor(y, x)), {})  # x keeps its dtype
     f.__name__ = f.__qualname__ = name + "_"
     f.__doc__ = f"Inplace {name}: writes the result into x and returns x."
     return public(name + "_", methods=(name + "_", operator))(f)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..dispatch import apply
-from ..schema import OPS, public, register
+from ..schema import OPS, equal_dtypes, public, register
 from ..tensor import Tensor
 from .common import as_tensor, sum_to_shape
 from .shape import reshape_to as reshape
@@ -78,7 +78,7 @@ def _matmul_bwd(node, g):
 
 
 register("matmul", _matmul_kernel, backward=_matmul_bwd, rule="matmul", save_inputs=(0, 1),
-         accepts_out=True)
+         accepts_out=True, dtype=equal_dtypes)
 _MATMUL = OPS["matmul"]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from spmd_rules import local_shape
 
 from ..dispatch import apply, apply_inplace
-from ..schema import OPS, public, register, same_dtype
+from ..schema import OPS, equal_dtypes, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, normalize_axes, normalize_axis, reduce_sum, sum_to_shape
 from .creation import zeros
@@ -375,7 +375,7 @@ def _concat_bwd(node, g):
 
 
 register("concat", lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), backward=_concat_bwd,
-         rule="concat", no_need_buffer=(0,))
+         rule="concat", no_need_buffer=(0,), dtype=equal_dtypes)
 
 
 def _check_same(op: str, xs: Sequence[Tensor], skip_axis: int | None) -> None:
@@ -406,7 +406,7 @@ def _stack_bwd(node, g):
 
 
 register("stack", lambda xp, *xs, axis: xp.stack(xs, axis=axis), backward=_stack_bwd,
-         rule="stack", no_need_buffer=(0,))
+         rule="stack", no_need_buffer=(0,), dtype=equal_dtypes)
 
 
 @public()

@@ -594,3 +594,67 @@ def test_size_zero_shapes_through_shape_ops_and_backward():
     c.stop_gradient = False
     dt.sum(dt.reshape(dt.transpose(c, [1, 0]), [0, 3])).backward()
     assert c.grad.shape == [3, 0]
+
+
+# -- dtype promotion (Paddle's table) ----------------------------------------------------------
+
+_FLOATS = [np.float16, np.float32, np.float64]
+_INTS = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64]
+
+
+@pytest.mark.parametrize("name", ["add", "subtract", "multiply", "divide", "maximum", "minimum"])
+def test_tensor_tensor_promotion_table(name):
+    """Tensor-Tensor: one dtype, or floating only (the larger one); every other mix raises a
+    TypeError naming the op, both dtypes and the shapes."""
+    ref = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+           "divide": np.true_divide, "maximum": np.maximum, "minimum": np.minimum}[name]
+    for a in _FLOATS:
+        for b in _FLOATS:
+            x, y = (n(2, 3) + 3).astype(a), (n(3) + 3).astype(b)
+            out = getattr(dt, name)(T(x), T(y))
+            assert out.dtype == np.promote_types(a, b), (a, b, out.dtype)
+            close(out, ref(x, y), rtol=1e-2 if np.float16 in (a, b) else 1e-6)
+    for a in _INTS:
+        for b in _INTS + _FLOATS:
+            if a == b:
+                continue
+            with pytest.raises(TypeError, match=rf"{name}: inputs of different dtypes \(input 0: "
+                                                rf"{np.dtype(a).name}, input 1: "
+                                                rf"{np.dtype(b).name}\).*shapes \[\[2\], \[2\]\]"):
+                getattr(dt, name)(T(np.ones(2, a)), T(np.ones(2, b)))
+            with pytest.raises(TypeError, match=f"{name}: inputs of different dtypes"):
+                getattr(dt, name)(T(np.ones(2, b)), T(np.ones(2, a)))
+
+
+def test_tensor_scalar_promotion():
+    """Tensor-Scalar: an int scalar takes the tensor's dtype; a float scalar keeps a floating
+    tensor's dtype and turns an int/bool tensor into float32; an int scalar turns a bool tensor
+    into int64 (Paddle's Tensor-Scalar table)."""
+    h = T(np.array([1.5, 2.0], np.float16))
+    assert (h + 1).dtype == np.float16 and (h * 2.5).dtype == np.float16
+    i32 = T(np.array([1, 2], np.int32))
+    assert (i32 + 1).dtype == np.int32 and (3 - i32).dtype == np.int32
+    r = i32 * 1.5
+    assert r.dtype == np.float32
+    close(r, np.array([1.5, 3.0]))
+    close(2.5 + i32, np.array([3.5, 4.5]))
+    b = T(np.array([True, False]))
+    assert (b + 1).dtype == np.int64 and (b * 0.5).dtype == np.float32
+    close(b + 1, np.array([2, 1]))
+    assert (i32 < 1.5).dtype == np.bool_
+
+
+def test_matmul_concat_stack_refuse_mixed_dtypes():
+    x32, x64 = T(np.ones((2, 3), np.float32)), T(np.ones((3, 2), np.float64))
+    with pytest.raises(TypeError, match=r"matmul: inputs of different dtypes \(input 0: float32, "
+                                        r"input 1: float64\).*shapes \[\[2, 3\], \[3, 2\]\]"):
+        dt.matmul(x32, x64)
+    with pytest.raises(TypeError, match="concat: inputs of different dtypes"):
+        dt.concat([x32, T(np.ones((2, 3), np.float64))])
+    with pytest.raises(TypeError, match="stack: inputs of different dtypes"):
+        dt.stack([x32, T(np.ones((2, 3), np.int64))])
+    with pytest.raises(TypeError, match="where: inputs of different dtypes"):
+        dt.where(T(np.array([True, False])), T(np.ones(2, np.int32)), T(np.ones(2, np.float32)))
+    out = dt.matmul(x32, T(np.ones((3, 2), np.float32)))
+    assert out.dtype == np.float32
+    close(out, np.full((2, 2), 3.0))

@@ -158,6 +158,36 @@ def test_seed_example_backward_through_inplace():
     np.testing.assert_allclose(b.grad.numpy(), np.full((2, 2), 4.0))
 
 
+def test_seed_002_example_as_written():
+    """Seed 002 verbatim: a [3, 4] tensor, ``y.backward()`` on the non-scalar result (the
+    implicit gradient is ones of y's shape, as in Paddle)."""
+    a = dt.randn([3, 4])
+    a.stop_gradient = False
+    x = a.scale(2.0)
+    y = x.scale_(2.0)
+    assert y is x
+    np.testing.assert_allclose(x.numpy(), 4 * a.numpy())
+    y.backward()
+    np.testing.assert_array_equal(a.grad.numpy(), np.full((3, 4), 4.0, dtype=np.float32))
+
+
+def test_autograd_backward_several_roots():
+    a = T([[1.0, 2.0], [3.0, -1.0]], stop_gradient=False)
+    b = T([0.5, 2.0], stop_gradient=False)
+    u = a * a          # non-scalar, seeded with ones
+    v = a * b          # non-scalar, seeded with g
+    g = np.array([[1.0, -2.0], [0.5, 3.0]])
+    dt.autograd.backward([u, v], [None, T(g)])
+    an, bn = a.numpy(), b.numpy()
+    np.testing.assert_allclose(a.grad.numpy(), 2 * an + g * bn)
+    np.testing.assert_allclose(b.grad.numpy(), (g * an).sum(0))
+    c = T([1.0, 2.0, 3.0], stop_gradient=False)
+    dt.autograd.backward(c * 3.0)  # one tensor, no grad_tensors
+    np.testing.assert_allclose(c.grad.numpy(), [3.0, 3.0, 3.0])
+    with pytest.raises(ValueError, match="2 tensors but 1 grad_tensors"):
+        dt.autograd.backward([c * 1.0, c * 2.0], [None])
+
+
 def test_inplace_chain_gradients():
     a = T([0.5, -1.0, 2.0], stop_gradient=False)
     w = T([1.0, 2.0, 3.0])  # constant: multiply_'s backward needs only w, not the old h
@@ -301,3 +331,24 @@ def test_inplace_on_view_needing_grad_raises_before_writing():
     with pytest.raises(ValueError, match="view"):
         v.scale_(2.0)
     np.testing.assert_array_equal(h.numpy(), np.ones((2, 2)))
+
+
+def test_set_value_loads_a_parameter_outside_autograd():
+    """Paddle's ``Tensor.set_value``: same tensor, same buffer, new data cast to its dtype,
+    no grad recorded; a wrong shape raises and leaves the tensor unchanged."""
+    lin = dt.nn.Linear(3, 2)
+    p = lin.weight
+    buf, ident = p._value.array, id(p)
+    w = np.arange(6.0).reshape(3, 2)
+    assert p.set_value(w) is p
+    assert id(p) == ident and p._value.array is buf and p.dtype == dt.float32
+    np.testing.assert_array_equal(p.numpy(), w.astype(np.float32))
+    assert not p.stop_gradient and p.is_leaf and p.grad is None
+    p.set_value(dt.to_tensor(w * 2))  # a float64 Tensor: cast
+    np.testing.assert_array_equal(p.numpy(), (w * 2).astype(np.float32))
+    with pytest.raises(ValueError, match=r"set_value: value of shape \[2, 3\] does not match"):
+        p.set_value(np.ones((2, 3)))
+    np.testing.assert_array_equal(p.numpy(), (w * 2).astype(np.float32))
+    x = dt.to_tensor(np.ones((4, 3), dtype=np.float32), stop_gradient=False)
+    lin(x).sum().backward()  # the loaded weight is used by the next forward and backward
+    np.testing.assert_allclose(p.grad.numpy(), np.ones((3, 2)) * 4)

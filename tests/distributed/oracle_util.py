@@ -193,9 +193,10 @@ def _capture_grad_samples(builders: dict[str, list]) -> dict[str, list]:
             return kernel(xp, *arrays, **kw)
         return k
 
-    for n in wanted:
-        saved[n] = OPS[n].kernel
-        OPS[n].kernel = wrap(n, saved[n])
+    for n in wanted:  # cached dense plans hold the kernel: set them aside while capturing
+        op = OPS[n]
+        saved[n] = (op.kernel, op.plan0, op.plans)
+        op.kernel, op.plan0, op.plans = wrap(n, op.kernel), None, {}
     try:
         for name in sorted(builders):
             op = OPS[name]
@@ -205,8 +206,8 @@ def _capture_grad_samples(builders: dict[str, list]) -> dict[str, list]:
                 arrays, attrs = build(_rng(name, k))
                 run_case(op, arrays, attrs, None, None, _rng(name, k, "w"))
     finally:
-        for n, kern in saved.items():
-            OPS[n].kernel = kern
+        for n, (kern, plan0, plans) in saved.items():
+            OPS[n].kernel, OPS[n].plan0, OPS[n].plans = kern, plan0, plans
     return got
 
 

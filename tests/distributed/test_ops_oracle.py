@@ -4,7 +4,8 @@ placements drawn from Shard(each dim)/Replicate per mesh dim (all combinations u
 deterministic sample that keeps the all-replicated, single-shard, co-sharded and aligned cases)
 and Partial inputs built with ``dtensor_from_local``: forward values, input gradients (after
 backward of ``sum_i (out_i * W_i).sum()`` with fixed random W) and inputs written by the kernel
-(batch_norm's running statistics) equal the dense run of the same op on the global arrays, and
+(batch_norm's running statistics) equal the dense run of the same op on the global arrays (whose
+forward values are first checked against numpy alone: numpy_reference.py), and
 gradients arrive in their leaves' own mesh and placements. Ops with an inplace variant also run
 it on the distributed path (the target keeps its placements).
 
@@ -29,6 +30,7 @@ from disttensor.distributed.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.dispatch import apply, apply_inplace
 
+from numpy_reference import REFERENCES
 from oracle_util import (_rng, fmt_placements, grad_indices, make_inputs, op_cases,
                          partial_combos, placement_combos, run_case)
 
@@ -69,8 +71,13 @@ def _close(got, want, what: str, tol: float = 1e-9) -> None:
 
 
 def _dense_reference(op, arrays, attrs, wrng):
+    copies = [None if a is None else np.array(a, copy=True) for a in arrays]
     tensors, outs, weights = run_case(op, arrays, attrs, None, None, wrng)
     ref = {"out": [o.numpy() for o in outs], "weights": weights, "grads": {}, "mutated": {}}
+    # the dense run itself against numpy alone (numpy_reference.py)
+    for k, want in enumerate(REFERENCES[op.name](copies, attrs, ref["out"])):
+        np.testing.assert_allclose(ref["out"][k], want, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{op.name} output {k}: dense run vs numpy reference")
     # float32 anywhere (cast): Partial addends summed in float32 round at that precision
     low = [a for a in list(arrays) + ref["out"] if a is not None and np.asarray(a).dtype.kind == "f"
            and np.asarray(a).dtype.itemsize < 8]
@@ -345,6 +352,77 @@ def test_matmul_contracted_shards_give_partial():
             np.testing.assert_allclose(y.grad.numpy(), X.T @ np.ones((5, 3)), rtol=1e-10)
 
 
+def _partial_input(G, mesh, red="sum", seed=0, stop_gradient=False):
+    """A leaf Partial(red) on mesh dim 0 (Replicate elsewhere) whose global value is G: rank
+    pieces are known addends (sum: random parts; max: G on coordinate 0, smaller elsewhere)."""
+    coord = coord_of(mesh)
+    pl = [Partial(red)] + [Replicate()] * (mesh.ndim - 1)
+    if coord is None:
+        local = np.zeros((0,) * G.ndim)
+    else:
+        rng = np.random.default_rng(seed)
+        parts = [rng.standard_normal(G.shape) for _ in range(mesh.shape[0])]
+        if red == "sum":
+            parts[0] = G - sum(parts[1:], np.zeros(G.shape))
+        else:
+            sign = 1 if red == "max" else -1
+            parts = [G] + [G - sign * np.abs(p) for p in parts[1:]]
+        local = parts[coord[0]]
+    t = dt.dtensor_from_local(dt.to_tensor(local), mesh, pl, shape=G.shape)
+    t.stop_gradient = stop_gradient
+    return t
+
+
+def test_partial_stays_partial_where_cheaper():
+    """P + R, P - R (broadcast): no collective, output Partial; P * P: one all-reduce;
+    maximum/minimum of Partial(max)/(min) with Partial or Replicate: no collective, output
+    Partial(max)/(min); values and gradients against numpy."""
+    rng = np.random.default_rng(11)
+    X, Y, V = rng.standard_normal((5, 6)), rng.standard_normal((5, 6)), rng.standard_normal(6)
+    W = rng.standard_normal((5, 6))
+    for mesh in _meshes():
+        if mesh.shape[0] == 1:
+            continue
+        member = coord_of(mesh) is not None
+        rest = [Replicate()] * (mesh.ndim - 1)
+        cases = [("add", lambda a, b: a + b, np.add, V, [Replicate()] + rest),
+                 ("subtract", lambda a, b: a - b, np.subtract, Y, [Shard(1)] + rest)]
+        for name, f, ref, B, b_pl in cases:
+            x = _partial_input(X, mesh, seed=1)
+            y = dt.shard_tensor(B, mesh, [Replicate() if isinstance(p, Shard) and B.ndim == 1
+                                          else p for p in b_pl], stop_gradient=False)
+            before = collectives.collective_counts()
+            out = f(x, y)
+            assert collectives.collective_counts() == before, f"{name}: P op R communicated"
+            assert list(out.placements) == [Partial()] + rest
+            (out * dt.to_tensor(W)).sum().backward()
+            if member:
+                np.testing.assert_allclose(out.numpy(), ref(X, B), rtol=1e-10, atol=1e-12)
+                gy = W.sum(0) if B.ndim == 1 else W
+                np.testing.assert_allclose(y.grad.numpy(), gy if name == "add" else -gy,
+                                           rtol=1e-10, atol=1e-12)
+        # P * P: at most one collective
+        x, y = _partial_input(X, mesh, seed=2), _partial_input(Y, mesh, seed=3)
+        before = collectives.collective_counts()
+        out = x * y
+        after = collectives.collective_counts()
+        assert sum(after.values()) - sum(before.values()) == int(member), (before, after)
+        if member:
+            np.testing.assert_allclose(out.numpy(), X * Y, rtol=1e-10)
+        # maximum / minimum of Partial(max) / Partial(min)
+        for fn, red, ref in ((dt.maximum, "max", np.maximum), (dt.minimum, "min", np.minimum)):
+            a = _partial_input(X, mesh, red, seed=4)
+            b = _partial_input(Y, mesh, red, seed=5)
+            c = dt.shard_tensor(V, mesh, [Replicate()] * mesh.ndim)
+            before = collectives.collective_counts()
+            o1, o2 = fn(a, b), fn(a, c)
+            assert collectives.collective_counts() == before, f"{red} of Partial({red}) moved"
+            assert list(o1.placements) == list(o2.placements) == [Partial(red)] + rest
+            if member:
+                np.testing.assert_array_equal(o1.numpy(), ref(X, Y))
+                np.testing.assert_array_equal(o2.numpy(), ref(X, V))
+
+
 def _raises_before_communication(fn, *needles):
     before = collectives.collective_counts()
     with pytest.raises(ValueError) as info:
@@ -380,3 +458,27 @@ def test_bad_distributed_inputs_raise_everywhere_before_communication():
             _raises_before_communication(lambda: apply_inplace(OPS["add"], (row, x), {}),
                                          "add_", "[1, 4]", "[3, 4]", "Shard(dim=1)")
         assert list(row.placements)[0] == Shard(1)
+
+
+def test_uneven_size_one_views_need_no_communication():
+    """[1, 2, 2, 2] as Shard(0) on 4 ranks (rank 0 holds it, the others hold empty pieces)
+    reshaped to (1, 2, 4), (1, 4, 2), (1, 8) and flattened: no collective, the output stays
+    Shard(0) and views the input's buffer; values and gradients against numpy."""
+    if WORLD != 4:
+        pytest.skip("needs 4 ranks")
+    mesh = make_mesh("4")
+    G = np.arange(8.0).reshape(1, 2, 2, 2)
+    for target in [(1, 2, 4), (1, 4, 2), (1, 8)]:
+        x = dt.shard_tensor(G, mesh, [Shard(0)], stop_gradient=False)
+        before = collectives.collective_counts()
+        y = dt.reshape(x, list(target))
+        assert collectives.collective_counts() == before
+        assert y.placements == [Shard(0)] and y._value.local.holder is x._value.local.holder
+        if x._local_array().size:
+            assert np.shares_memory(y._local_array(), x._local_array())
+        np.testing.assert_array_equal(y.numpy(), G.reshape(target))
+        W = np.arange(8.0).reshape(target) + 1
+        (y * dt.to_tensor(W)).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), W.reshape(G.shape))
+    f = dt.flatten(dt.shard_tensor(G, mesh, [Shard(0)]), 1, 3)
+    assert f.placements == [Shard(0)] and f.shape == [1, 8]

@@ -9,7 +9,8 @@ Shard(1), Replicate and Partial(sum) per mesh dim:
   (over their partial mesh dims) to that cut;
 - the collectives this rank issued (``collectives.collective_counts()`` delta) are exactly the
   plan's steps, and a single mesh dim change costs the minimum (S→R one all-gather, P→R one
-  all-reduce, P→S one reduce-scatter, S→S' one all-to-all, R→S none).
+  all-reduce, P→S one reduce-scatter, S→S' one all-to-all, R→S none), and a shard moving
+  between mesh dims of one size is one pairwise exchange.
 
 Cases are batched in one test per (mesh, shape); failures are collected (never raised mid-loop,
 so no rank leaves the others waiting in a collective) and every failing case is named.
@@ -186,7 +187,7 @@ def run_case(G, mesh, src_pl, dst_pl, seed=0, public=None) -> list[str]:
     name = f"mesh {mesh.shape} shape {G.shape} {fmt(src_pl)} -> {fmt(dst_pl)}"
     dst_attr = DistAttr.from_placements(dst_pl, G.ndim, mesh.shape)
     if public is None:
-        public = not dst_attr.partial
+        public = True
     member = mesh.get_coord(world().rank) is not None
     errs = []
     try:
@@ -203,8 +204,13 @@ def run_case(G, mesh, src_pl, dst_pl, seed=0, public=None) -> list[str]:
         delta = counts_delta(before)
         want_kinds = {}
         if member:
+            coord = mesh.get_coord(world().rank)
             for s in plan.steps:
-                if s.is_collective:
+                if s.kind == "swap":  # a pairwise exchange: off-diagonal ranks send + receive
+                    if coord[s.mesh_dim] != coord[s.split_dim]:
+                        for k in ("send", "recv"):
+                            want_kinds[k] = want_kinds.get(k, 0) + 1
+                elif s.is_collective:
                     want_kinds[s.kind] = want_kinds.get(s.kind, 0) + 1
         if delta != want_kinds:
             errs.append(f"{name}: collectives issued {delta} != plan {want_kinds}\n{plan}")
@@ -294,19 +300,148 @@ def test_reshard_partial_sources_all_reduce_types(mesh_name):
     agree(errs)
 
 
-def test_reshard_to_partial_refused_by_public_api():
+@pytest.mark.parametrize("mesh_name", ["2x2", "2", "1"])
+def test_reshard_to_partial_public_values_and_grads(mesh_name):
+    """Public Partial targets (Paddle): R->P (the value on one coordinate, the identity
+    elsewhere: no communication), S->P, P(sum)->P(avg) and back (local rescale), a Partial
+    source to its own placements (a copy); each keeps the global value, and the gradient of
+    ``sum(y * W)`` reaches the source as W in the source's layout."""
+    if mesh_name == "2x2" and world().size != 4:
+        pytest.skip("needs 4 ranks")
+    if mesh_name == "2" and world().size < 2:
+        pytest.skip("needs 2 ranks")
+    mesh = get_mesh(mesh_name)
+    G, W = global_array((5, 6), seed=21), global_array((5, 6), seed=22)
+    member = mesh.get_coord(world().rank) is not None
+    rest = [Replicate()] * (mesh.ndim - 1)
+    cases = [([Replicate()] + rest, [Partial()] + rest, {}),
+             ([Shard(0)] + rest, [Partial()] + rest, {}),
+             ([Shard(1)] + rest, [Partial("avg")] + rest, {}),
+             ([Partial()] + rest, [Partial("avg")] + rest, {}),
+             ([Partial("avg")] + rest, [Partial()] + rest, {}),
+             ([Partial()] + rest, [Partial()] + rest, {})]
+    if mesh.ndim == 2:
+        cases.append(([Shard(0), Shard(1)], [Shard(0), Partial()], {}))
+    errs = []
+    for src, dst, _ in cases:
+        before = collectives.collective_counts()
+        x = make_source(G, mesh, src, seed=3) if any(isinstance(p, Partial) for p in src) \
+            else dt.shard_tensor(G, mesh, src, stop_gradient=False)
+        x.stop_gradient = False
+        y = dt.reshard(x, mesh, dst)
+        moved = counts_delta(before)
+        moved.pop("all_gather", None)  # dtensor_from_local's shape check
+        if moved:
+            errs.append(f"{fmt(src)} -> {fmt(dst)} communicated {moved}")
+        assert y.placements == dst
+        problem = check_partial(y._local_array(), mesh, y._value.dist_attr, G)
+        if problem:
+            errs.append(f"{fmt(src)} -> {fmt(dst)}: {problem}")
+        (y * dt.to_tensor(W)).sum().backward()
+        gsrc = x.grad
+        if gsrc is None or gsrc.placements != src:  # a leaf's gradient: in its own layout
+            errs.append(f"{fmt(src)} -> {fmt(dst)}: grad placements "
+                        f"{None if gsrc is None else gsrc.placements}")
+        elif member and not np.allclose(gsrc.numpy(), W):
+            errs.append(f"{fmt(src)} -> {fmt(dst)}: wrong gradient")
+    agree(errs)
+
+
+def test_shard_tensor_partial_as_paddle_documents():
+    """``shard_tensor(a, mesh, [Partial()])`` (Paddle's Partial example): the global value is
+    a, held on coordinate 0 with zeros elsewhere; Partial(max) keeps a copy everywhere."""
     mesh = get_mesh("1") if world().size < 2 else get_mesh("2")
-    G = global_array((4, 3))
+    a = np.ones((10, 20))
+    before = collectives.collective_counts()
+    d = dt.shard_tensor(a, mesh, [Partial()])
+    m = dt.shard_tensor(a * 3, mesh, [Partial("max")])
+    assert counts_delta(before) == {}
+    coord = mesh.get_coord(world().rank)
+    if coord is not None:
+        np.testing.assert_array_equal(d._local_array(), a if coord[0] == 0 else 0 * a)
+        np.testing.assert_array_equal(m._local_array(), a * 3)
+    assert d.placements == [Partial()] and m.placements == [Partial("max")]
+    if coord is not None:
+        np.testing.assert_array_equal(d.numpy(), a)
+        np.testing.assert_array_equal(m.numpy(), a * 3)
+
+
+def test_partial_any_all_on_bool():
+    """ReduceType.kRedAny / kRedAll: logical or / and of the pieces, on bool tensors only."""
+    assert ReduceType.kRedAny is ReduceType.ANY and ReduceType.kRedAll is ReduceType.ALL
+    assert Shard(1).get_dim() == 1
+    mesh = get_mesh("1") if world().size < 2 else get_mesh("2")
+    coord = mesh.get_coord(world().rank)
+    B = np.array([[True, False, False], [False, False, True]])
+    mine = B if coord is not None and coord[0] == 0 else np.zeros_like(B)
+    if coord is None:
+        mine = np.zeros((0, 0), dtype=bool)
+    x = dt.dtensor_from_local(mine, mesh, [Partial(ReduceType.kRedAny)], shape=B.shape)
+    if coord is not None:
+        np.testing.assert_array_equal(x.numpy(), B)
+    alls = dt.dtensor_from_local(np.ones_like(B) if coord is not None and coord[0] != 0
+                                 else (B if coord is not None else mine), mesh,
+                                 [Partial("all")], shape=B.shape)
+    if coord is not None:
+        np.testing.assert_array_equal(dt.reshard(alls, mesh, [Replicate()])._local_array(), B)
+        s = dt.reshard(dt.shard_tensor(B, mesh, [Replicate()]), mesh, [Partial("any")])
+        np.testing.assert_array_equal(s.numpy(), B)
+    with pytest.raises(ValueError, match=r"Partial\(any\) needs a bool tensor"):
+        dt.shard_tensor(np.ones((2, 3)), mesh, [Partial("any")])
+
+
+def test_dtensor_to_local_three_args_and_set_value():
+    """Paddle's ``dtensor_to_local(x, mesh, placements)``: x's own layout is its piece (no
+    communication, shares the buffer); another layout reshards first. ``set_value`` on a
+    distributed parameter keeps its buffer and placements and takes the global value."""
+    mesh = get_mesh("1") if world().size < 2 else get_mesh("2")
+    G = global_array((5, 4), seed=31)
     x = dt.shard_tensor(G, mesh, [Shard(0)])
     before = collectives.collective_counts()
-    for red in ("sum", "avg", "max"):
-        with pytest.raises(ValueError, match="Partial"):
-            dt.reshard(x, mesh, [Partial(red)])
-    assert counts_delta(before) == {}
-    assert x.placements == [Shard(0)]
-    assert check_value(x._local_array(), mesh, x._value.dist_attr, G) is None
-    # reshard_plan shows the internal plan even for a Partial target
-    assert dt.reshard_plan(x, mesh, [Partial()]).dst.partial
+    own = dt.dtensor_to_local(x, mesh, [Shard(0)])
+    assert counts_delta(before) == {} and not own.is_dist()
+    member = mesh.get_coord(world().rank) is not None
+    if member:
+        assert np.shares_memory(own._value.array, x._local_array())
+        other = dt.dtensor_to_local(x, mesh, [Shard(1)])
+        want = G[local_slices(G.shape, DistAttr.from_placements([Shard(1)], 2, mesh.shape),
+                              mesh.get_coord(world().rank))]
+        np.testing.assert_array_equal(other.numpy(), want)
+    with pytest.raises(ValueError, match="both mesh and placements"):
+        dt.dtensor_to_local(x, mesh)
+    w = dt.shard_tensor(np.zeros((5, 4)), mesh, [Shard(0)], stop_gradient=False)
+    buf = w._local_array()
+    w.set_value(G)
+    assert w.placements == [Shard(0)] and w._local_array() is buf
+    assert check_value(w._local_array(), mesh, w._value.dist_attr, G) is None
+
+
+def test_shard_moving_between_mesh_dims_is_one_pairwise_exchange():
+    """``[S(0), R] -> [R, S(0)]`` on 2x2 (issue 13): one send and one receive on the
+    off-diagonal ranks, nothing on the diagonal, no all-gather; also with another dim sharded
+    and with uneven sizes; the gradient goes back the same way."""
+    mesh = get_mesh("2x2")
+    rank = world().rank
+    coord = mesh.get_coord(rank)
+    for shape, src, dst in [((13, 17), [Shard(0), Replicate()], [Replicate(), Shard(0)]),
+                            ((5, 3), [Replicate(), Shard(1)], [Shard(1), Replicate()]),
+                            ((7, 6, 2), [Shard(2), Replicate()], [Replicate(), Shard(2)])]:
+        G = global_array(shape, seed=41)
+        plan = plan_reshard(shape, 8, mesh, DistAttr.from_placements(src, len(shape), mesh.shape),
+                            mesh, DistAttr.from_placements(dst, len(shape), mesh.shape))
+        assert [s.kind for s in plan.steps] == ["swap"], str(plan)
+        x = dt.shard_tensor(G, mesh, src, stop_gradient=False)
+        before = collectives.collective_counts()
+        y = dt.reshard(x, mesh, dst)
+        moved = counts_delta(before)
+        a, b = (0, 1)
+        want = {} if coord[a] == coord[b] else {"send": 1, "recv": 1}
+        assert moved == want, (rank, moved)
+        assert check_value(y._local_array(), mesh, y._value.dist_attr, G) is None
+        W = global_array(shape, seed=42)
+        (y * dt.to_tensor(W)).sum().backward()
+        assert x.grad.placements == src
+        np.testing.assert_array_equal(x.grad.numpy(), W)
 
 
 def test_reshard_same_layout_is_a_copy_without_communication():
@@ -360,3 +495,24 @@ def test_reshard_property(case):
     mesh = ProcessMesh(MESHES[mesh_name][0])
     G = global_array(shape, seed=2)
     agree(run_case(G, mesh, src, dst, seed=7))
+
+
+def test_reshard_backward_keeps_the_gradient_sharded():
+    """A reshard's backward passes the gradient on in the layout it arrives in (same mesh):
+    two S(0) gradients of one replicated tensor add up sharded and are gathered once, for the
+    replicated leaf, instead of once per reshard."""
+    mesh = get_mesh("1") if world().size < 2 else get_mesh("2")
+    member = mesh.get_coord(world().rank) is not None
+    X = global_array((6, 4), seed=51) / 10
+    x = dt.shard_tensor(X, mesh, [Replicate()], stop_gradient=False)
+    h = x * 2.0
+    y1, y2 = dt.reshard(h, mesh, [Shard(0)]), dt.reshard(h, mesh, [Shard(0)])
+    loss = dt.exp(y1).sum() + (y2 * y2).sum()
+    before = collectives.collective_counts()
+    loss.backward()
+    moved = counts_delta(before)
+    assert x.grad.placements == [Replicate()]
+    if member and mesh.shape[0] > 1:
+        assert moved.get("all_gather", 0) == 1, moved
+    if member:
+        np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp(2 * X) + 8 * X, rtol=1e-12)

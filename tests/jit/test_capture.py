@@ -58,7 +58,7 @@ def test_optimizer_updates_inside_the_step_and_set_lr_between_steps():
     def make():
         model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
         opt = dt.optimizer.Momentum(0.1, parameters=model.parameters())
-        x = dt.to_tensor(np.random.default_rng(0).standard_normal((5, 4)))
+        x = dt.to_tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32))
 
         def step(x):
             loss = model(x).mean()

@@ -66,19 +66,24 @@ def test_elementwise_partials():
     # add: all partial on the same mesh dims -> kept
     r = run("elementwise", ps, ps, op="add", linear="add")
     assert r.inputs == (ps.dist_attr, ps.dist_attr) and r.outputs[0].dist_attr.partial == ((0, "sum"),)
-    # add with one non-partial input -> resolved
+    # add with one non-partial input -> that input becomes Partial locally, output Partial
     r = run("elementwise", ps, rep, op="add", linear="add")
-    assert not r.outputs[0].dist_attr.is_partial() and not r.inputs[0].is_partial()
-    # add with partial max -> resolved
+    assert r.inputs == (ps.dist_attr, ps.dist_attr) and r.outputs[0].dist_attr == ps.dist_attr
+    # add with partial max -> resolved; maximum of P(max) and R -> P(max)
     pm = meta((4,), [P("max")])
     assert not run("elementwise", pm, pm, linear="add").outputs[0].dist_attr.is_partial()
+    r = run("elementwise", pm, rep, op="maximum", linear="max")
+    assert r.inputs == (pm.dist_attr, pm.dist_attr) and r.outputs[0].dist_attr == pm.dist_attr
+    assert not run("elementwise", pm, rep, op="minimum", linear="min").outputs[0].dist_attr.is_partial()
     # mul: input 0 partial by default; input 1 only when allowed
     r = run("elementwise", ps, rep, op="divide", linear="mul")
     assert r.outputs[0].dist_attr.is_partial() and r.inputs[0].is_partial()
     assert not run("elementwise", rep, ps, op="divide", linear="mul").outputs[0].dist_attr.is_partial()
     r = run("elementwise", rep, ps, op="multiply", linear="mul", linear_inputs=(0, 1))
     assert r.outputs[0].dist_attr.is_partial() and r.inputs[1].is_partial()
-    assert not run("elementwise", ps, ps, linear="mul", linear_inputs=(0, 1)).outputs[0].dist_attr.is_partial()
+    # P * P: one factor stays Partial, the other is resolved (one all-reduce, not two)
+    r = run("elementwise", ps, ps, linear="mul", linear_inputs=(0, 1))
+    assert r.inputs == (ps.dist_attr, rep.dist_attr) and r.outputs[0].dist_attr == ps.dist_attr
     # unary
     assert run("elementwise", ps, op="neg", linear="unary").outputs[0].dist_attr.is_partial()
     # like: no reshard of the input, output not partial
@@ -135,3 +140,48 @@ def test_elementwise_local_op_gives_global_result(case, rnd):
     rng = np.random.default_rng(rnd.randint(0, 1000))
     gs = [rng.integers(-5, 6, size=s).astype(float) for s in shapes]
     simulate(r, gs, lambda a, b, coord: fn(a, b), fn(*gs), rng)
+
+
+def test_partial_plus_replicate_values_on_simulated_ranks():
+    """``P + R`` / ``P - R`` with broadcasting and a sharded R on the partial mesh dim: the
+    required layouts (R turned Partial: value on coordinate 0 / own block) give the dense sum."""
+    rng = np.random.default_rng(3)
+    for mesh, xp, yp, ys in [((2,), [P()], [R()], (6,)), ((2, 2), [P(), S(0)], [S(1), R()], (5, 6)),
+                             ((2, 2), [S(0), P()], [R(), S(0)], (6,))]:
+        x, y = rng.standard_normal((5, 6)), rng.standard_normal(ys)
+        for name, fn in (("add", np.add), ("subtract", np.subtract)):
+            r = run("elementwise", meta(x.shape, xp, mesh), meta(y.shape, yp, mesh), op=name,
+                    linear="add")
+            assert r.outputs[0].dist_attr.is_partial()
+            _simulate_with_to_partial(r, [x, y], lambda a, b, coord: fn(a, b), fn(x, y))
+
+
+def _simulate_with_to_partial(result, globals_, fn, expected):
+    """Like rules_util.simulate, but each input's pieces are made from its global value the way
+    reshard's local steps make them (Partial(sum) from Replicate: value at coordinate 0)."""
+    from rules_util import check_output, coords
+    from spmd_rules import local_slices
+    mesh = result.inputs[0].mesh_shape
+    per_input = []
+    for g, a in zip(globals_, result.inputs):
+        pieces = {}
+        for c in coords(mesh):
+            first = all(c[m] == 0 for m, _ in a.partial)
+            piece = g[local_slices(g.shape, a, c)]
+            pieces[c] = piece if first else np.zeros_like(piece)
+        per_input.append(pieces)
+    out = {c: fn(*(p[c] for p in per_input), coord=c) for c in coords(mesh)}
+    check_output(result.outputs[0], out, expected)
+
+
+def test_add_of_conflicting_shards_moves_one_input_by_one_all_to_all():
+    """[S(0), R] + [S(1), R] on 2x2: one input's shard moves (one all-to-all on mesh dim 0);
+    the free mesh dim 1 is not sliced (that would change what later ops receive)."""
+    from spmd_rules import plan_same_mesh
+    x, y = meta((8, 8), [S(0), R()], (2, 2)), meta((8, 8), [S(1), R()], (2, 2))
+    r = run("elementwise", x, y, op="add", linear="add")
+    assert r.inputs == (x.dist_attr, x.dist_attr) and r.outputs[0].dist_attr == x.dist_attr
+    assert [s.kind for s in plan_same_mesh((8, 8), 8, y.dist_attr, x.dist_attr)] == ["all_to_all"]
+    # nothing to move: the layout is kept as it is
+    r = run("elementwise", x, meta((8, 8), [R(), R()], (2, 2)), op="add", linear="add")
+    assert r.outputs[0].dist_attr == x.dist_attr

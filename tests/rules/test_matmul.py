@@ -81,8 +81,11 @@ def test_vectors():
 def test_partial_inputs():
     r = run("matmul", meta((8, 6), [P()]), meta((6, 4), [R()]))
     assert out_pl(r) == [P()] and r.inputs[0].is_partial()
+    # P @ P: the smaller operand (y: 24 < 48 elements) is resolved, x stays Partial
     r = run("matmul", meta((8, 6), [P()]), meta((6, 4), [P()]))
-    assert out_pl(r) == [R()] and not r.inputs[0].is_partial() and not r.inputs[1].is_partial()
+    assert out_pl(r) == [P()] and r.inputs[0].is_partial() and not r.inputs[1].is_partial()
+    r = run("matmul", meta((2, 6), [P()]), meta((6, 4), [P()]))
+    assert out_pl(r) == [P()] and not r.inputs[0].is_partial() and r.inputs[1].is_partial()
     # partial on mesh 0 kept; y's sharding on mesh 0 gathered; k sharded on mesh 1 adds Partial
     r = run("matmul", meta((8, 6), [P(), S(1)], (2, 2)), meta((6, 4), [S(1), R()], (2, 2)))
     assert r.inputs[1].dims_mapping == ((1,), ())

@@ -13,13 +13,14 @@ def test_layer_norm():
     x = meta((4, 6, 8), [S(0), S(2)], (2, 2))
     w, b = meta((8,), [R(), S(0)], (2, 2)), meta((8,), [R(), R()], (2, 2))
     r = run("layer_norm", x, w, b, begin_norm_axis=2)
-    assert r.inputs[0].dims_mapping == ((0,), (), ())
+    # mesh 1 leaves the normalized axis for dim 0 (co-shard, one all-to-all, not an all-gather)
+    assert r.inputs[0].dims_mapping == ((0, 1), (), ())
     assert r.inputs[1] == DistAttr.replicated(1, (2, 2)) == r.inputs[2]
     out, mean, rstd = r.outputs
     assert out.shape == (4, 6, 8) and out.dist_attr == r.inputs[0]
-    assert mean.shape == rstd.shape == (4, 6) and mean.dist_attr.dims_mapping == ((0,), ())
+    assert mean.shape == rstd.shape == (4, 6) and mean.dist_attr.dims_mapping == ((0, 1), ())
     r = run("layer_norm", meta((4, 6, 8), [S(1)]), None, None, begin_norm_axis=1)
-    assert r.inputs == (DistAttr.replicated(3, (2,)), None, None)
+    assert r.inputs == (DistAttr((2,), ((0,), (), ())), None, None)  # S(1) -> S(0): all-to-all
     # flattened weight accepted
     run("layer_norm", x, meta((48,), [R(), R()], (2, 2)), None, begin_norm_axis=1)
     with pytest.raises(ValueError, match=r"layer_norm.*weight.*\(7,\)"):
@@ -34,11 +35,13 @@ def test_layer_norm_grad():
     dout = meta((4, 6, 8), [R(), R()], (2, 2))
     w = meta((8,), [R(), R()], (2, 2))
     r = run("layer_norm_grad", x, w, mean, mean, dout, begin_norm_axis=2)
-    assert r.inputs[0].dims_mapping == ((), (0,), ()) == r.inputs[4].dims_mapping
-    assert r.inputs[2].dims_mapping == ((), (0,))
+    # cheapest: dim 1 co-sharded by both mesh dims (x and mean by all-to-alls, dout sliced)
+    assert r.inputs[0].dims_mapping == ((), (0, 1), ()) == r.inputs[4].dims_mapping
+    assert r.inputs[2].dims_mapping == ((), (0, 1))
     dx, dw, db = r.outputs
     assert dx.dist_attr == r.inputs[0]
-    assert dw.shape == (8,) and dw.dist_attr.partial == ((0, "sum"),) and dw.dist_attr.dims_mapping == ((),)
+    assert dw.shape == (8,) and dw.dist_attr.partial == ((0, "sum"), (1, "sum"))
+    assert dw.dist_attr.dims_mapping == ((),)
     r = run("layer_norm_grad", x, None, mean, mean, dout, begin_norm_axis=2)
     assert r.inputs[1] is None and r.outputs[1].shape == (8,)
     with pytest.raises(ValueError, match="layer_norm_grad.*mean"):
@@ -99,14 +102,18 @@ def test_embedding_vocab_sharded_gives_partial():
     out = r.outputs[0]
     assert out.shape == (4, 5, 8) and out.dist_attr.to_placements() == [P()]
     r = run("embedding", meta((4, 5), [S(0), R()], (2, 2)), meta((10, 8), [S(1), S(0)], (2, 2)))
-    # mesh 0 shards ids' batch axis, so weight's D is gathered on mesh 0; V on mesh 1 -> Partial
-    assert r.inputs[1].dims_mapping == ((1,), ())
-    assert r.outputs[0].dist_attr == DistAttr((2, 2), ((0,), (), ()), ((1, "sum"),))
-    # ids' batch axis on mesh 1 wins over the vocab axis: V is gathered, D kept, no Partial
+    # the weight (80 elements) keeps its layout; the ids (20) are gathered on mesh 0 instead
+    # of the weight's D: fewer bytes; V on mesh 1 -> Partial
+    assert r.inputs[0].dims_mapping == ((), ()) and r.inputs[1].dims_mapping == ((1,), (0,))
+    assert r.outputs[0].dist_attr == DistAttr((2, 2), ((), (), (0,)), ((1, "sum"),))
     r = run("embedding", meta((4, 5), [R(), S(0)], (2, 2)), meta((10, 8), [S(1), S(0)], (2, 2)))
-    assert r.inputs[1].dims_mapping == ((), (0,))
-    assert r.outputs[0].dist_attr == DistAttr((2, 2), ((1,), (), (0,)))
+    assert r.inputs[1].dims_mapping == ((1,), (0,))
+    # a large batch of ids against a small table: the table moves instead
+    r = run("embedding", meta((64, 50), [R(), S(0)], (2, 2)), meta((10, 8), [S(1), S(0)], (2, 2)))
+    assert r.inputs[0].dims_mapping == ((1,), ()) and r.inputs[1].dims_mapping == ((), (0,))
     r = run("embedding", meta((4,), [S(0)]), meta((10, 8), [S(0)]))
+    assert r.inputs[0].dims_mapping == ((),) and r.outputs[0].dist_attr.is_partial()
+    r = run("embedding", meta((400,), [S(0)]), meta((10, 8), [S(0)]))
     assert r.inputs[1].dims_mapping == ((), ()) and not r.outputs[0].dist_attr.is_partial()
     with pytest.raises(ValueError, match="embedding.*weight"):
         run("embedding", meta((4,), [R()]), meta((10,), [R()]))
@@ -185,3 +192,21 @@ def test_parallel_cross_entropy_simulation():
         dense /= dense.sum(1, keepdims=True)
         np.testing.assert_allclose(sm, dense[local_slices((5, 7), r.outputs[0].dist_attr, c)])
     assert r.outputs[1].dist_attr.is_replicated()
+
+
+def test_layer_norm_moves_mesh_dim_with_an_all_to_all_not_an_all_gather():
+    """Issue 12's example: x [64, 32, 128, 128] as [S(0), S(1)] on 2x2, normalized from dim 1:
+    mesh dim 1 moves onto dim 0 (one all-to-all) and x stays 4-way sharded; the first-wins
+    answer (all-gather mesh dim 1) moves more bytes."""
+    from spmd_rules import plan_same_mesh, reshard_cost
+    shape = (64, 32, 128, 128)
+    x = meta(shape, [S(0), S(1)], (2, 2))
+    r = run("layer_norm", x, None, None, begin_norm_axis=1)
+    want = r.inputs[0]
+    assert want.dims_mapping == ((0, 1), (), (), ())
+    steps = plan_same_mesh(shape, 4, x.dist_attr, want)
+    assert [s.kind for s in steps] == ["all_to_all"]
+    gathered = DistAttr((2, 2), ((0,), (), (), ()))
+    assert [s.kind for s in plan_same_mesh(shape, 4, x.dist_attr, gathered)] == ["all_gather"]
+    assert reshard_cost(shape, 4, x.dist_attr, want) < reshard_cost(shape, 4, x.dist_attr, gathered)
+    assert r.outputs[0].dist_attr == want and r.outputs[1].dist_attr.dims_mapping == ((0, 1),)

@@ -33,6 +33,7 @@ def test_arg_reductions_replicate_reduced_axis(kind):
 def test_partial_input():
     ps = meta((8, 6), [P()])
     assert run("reduction", ps, axis=(0,), reduce_type="sum").outputs[0].dist_attr.partial == ((0, "sum"),)
+    # max of a Partial(sum): resolved (the Partial's mesh dim is not moved onto a dim)
     r = run("reduction", ps, axis=(0,), reduce_type="max")
     assert not r.inputs[0].is_partial() and not r.outputs[0].dist_attr.is_partial()
     pm = meta((8, 6), [P("max")])
@@ -99,7 +100,7 @@ def test_reduction_local_op_gives_global_result(case):
 def test_softmax():
     x = meta((4, 6, 8), [S(0), S(2)], (2, 2))
     r = run("softmax", x, axis=2)
-    assert r.inputs[0].dims_mapping == ((0,), (), ())
+    assert r.inputs[0].dims_mapping == ((0, 1), (), ())  # mesh 1 moves onto dim 0 (all-to-all)
     assert len(r.outputs) == 1 and r.outputs[0].dist_attr == r.inputs[0]
     r = run("softmax", meta((4, 6), [R()]), meta((4, 6), [S(0)]), axis=1, num_outputs=1, op="softmax_grad")
     assert r.inputs[0].dims_mapping == ((0,), ()) == r.inputs[1].dims_mapping

@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from spmd_rules import (DistAttr, Flatten, InputDim, Partial, Replicate, Shard, Singleton, Split,
-                        TensorMeta, local_shape, local_slices, make_reshape_dim_trans)
+                        TensorMeta, local_shape, local_slices, make_reshape_dim_trans,
+                        reshard_cost)
 from rules_util import coords, meta, run
 
 S, R, P = Shard, Replicate, Partial
@@ -14,16 +15,22 @@ def test_dim_trans_examples():
         Flatten(InputDim(0), InputDim(1)), Split(InputDim(2), (6, 8), 0), Split(InputDim(2), (6, 8), 1)]
     f = Flatten(InputDim(0), InputDim(1))
     assert make_reshape_dim_trans((2, 3), (3, 2)) == [Split(f, (3, 2), 0), Split(f, (3, 2), 1)]
-    assert make_reshape_dim_trans((1, 4, 1, 3), (4, 1, 3)) == [InputDim(1), Singleton(), InputDim(3)]
+    # size-1 dims pair with the size-1 dims of the same gap (a sharding on them survives)
+    assert make_reshape_dim_trans((1, 4, 1, 3), (4, 1, 3)) == [InputDim(1), InputDim(2), InputDim(3)]
+    assert make_reshape_dim_trans((1, 4, 3), (4, 1, 3)) == [InputDim(1), Singleton(), InputDim(2)]
     assert make_reshape_dim_trans((), (1, 1)) == [Singleton(), Singleton()]
     assert repr(f) == "Flatten(InputDim(dim=0), InputDim(dim=1))"
     with pytest.raises(ValueError):
         make_reshape_dim_trans((2, 3), (5,))
 
 
-def test_flatten_of_sharded_inner_dim_requires_replicate():
+def test_flatten_of_sharded_inner_dim_moves_to_the_leading_dim():
+    # the inner dim cannot stay sharded through the flatten: its mesh dim moves to dim 0 (one
+    # all-to-all) rather than being gathered, and the output stays sharded
     r = run("reshape", meta((8, 6), [S(1)]), shape=(48,))
-    assert r.inputs[0].is_replicated() and r.outputs[0].dist_attr.is_replicated()
+    assert r.inputs[0].dims_mapping == ((0,), ()) and r.outputs[0].dist_attr.dims_mapping == ((0,),)
+    assert reshard_cost((8, 6), 1, meta((8, 6), [S(1)]).dist_attr, r.inputs[0]) < \
+        reshard_cost((8, 6), 1, meta((8, 6), [S(1)]).dist_attr, DistAttr.replicated(2, (2,)))
 
 
 def test_flatten_of_sharded_leading_dim_survives():
@@ -42,8 +49,12 @@ def test_reshape_6_12_48(mesh, dim):
         (1, 2): (None, None), (1, 4): (None, None),  # not the leftmost dim of the Flatten
         (2, 2): ((0,), 1), (2, 4): (None, None),  # first Split piece 6 % 4 != 0
     }[(dim, mesh)]
-    if expected[0] is None:
-        assert r.inputs[0].is_replicated() and out.dist_attr.is_replicated()
+    if expected[0] is None:  # dim cannot stay sharded: the cheapest layout the rule keeps
+        src = meta((6, 12, 48), [S(dim)], (mesh,)).dist_attr
+        assert r.inputs[0] == run("reshape", TensorMeta((6, 12, 48), r.inputs[0]),
+                                  shape=(72, 6, 8)).inputs[0]
+        assert reshard_cost((6, 12, 48), 1, src, r.inputs[0]) <= \
+            reshard_cost((6, 12, 48), 1, src, DistAttr.replicated(3, (mesh,)))
     else:
         assert r.inputs[0].dims_mapping[dim] == (0,)
         assert out.dist_attr.dims_mapping[expected[1]] == (0,)
@@ -100,7 +111,7 @@ def test_squeeze_unsqueeze_flatten():
     r = run("squeeze", meta((4, 1, 6), [S(2)]), axis=(1,))
     assert r.outputs[0].shape == (4, 6) and r.outputs[0].dist_attr.dims_mapping == ((), (0,))
     r = run("squeeze", meta((4, 1, 6), [S(1)]), axis=())
-    assert r.outputs[0].shape == (4, 6) and r.inputs[0].is_replicated()
+    assert r.outputs[0].shape == (4, 6) and r.inputs[0].dims_mapping == ((0,), (), ())
     assert run("squeeze", meta((4, 1, 6), [R()]), axis=(0,)).outputs[0].shape == (4, 1, 6)
     r = run("unsqueeze", meta((4, 6), [S(1), P()], (2, 2)), axis=(0, 2))
     assert r.outputs[0].shape == (1, 4, 1, 6)
@@ -110,7 +121,7 @@ def test_squeeze_unsqueeze_flatten():
     r = run("flatten", meta((4, 6, 5), [S(1)], (3,)), start_axis=1, stop_axis=2)
     assert r.outputs[0].shape == (4, 30) and r.outputs[0].dist_attr.dims_mapping == ((), (0,))
     r = run("flatten", meta((4, 6, 5), [S(2)]), start_axis=0, stop_axis=2)
-    assert r.inputs[0].is_replicated()
+    assert r.inputs[0].dims_mapping == ((0,), (), ())  # all-to-all onto the leading dim
     assert run("flatten", meta((), [R()])).outputs[0].shape == (1,)
     with pytest.raises(ValueError, match="flatten.*start_axis"):
         run("flatten", meta((4, 6), [R()]), start_axis=1, stop_axis=0)
@@ -155,8 +166,11 @@ def _check_reshape(src, tgt, attr):
     r = run("reshape", TensorMeta(src, attr), shape=tgt)
     req, out = r.inputs[0], r.outputs[0].dist_attr
     assert req.partial == attr.partial == out.partial
-    for have, want in zip(attr.dims_mapping, req.dims_mapping):
-        assert have[:len(want)] == want  # only a prefix of each dim's mesh dims survives
+    # the required layout is one the rule keeps as it is, and no dearer than gathering
+    assert run("reshape", TensorMeta(src, req), shape=tgt).inputs[0] == req
+    plain = attr.without_partial()
+    assert reshard_cost(src, 1, plain, req.without_partial()) <= \
+        reshard_cost(src, 1, plain, DistAttr.replicated(len(src), attr.mesh_shape))
     g = np.arange(int(np.prod(src))).reshape(src)
     dense = g.reshape(tgt)
     for c in coords(attr.mesh_shape):
@@ -175,6 +189,41 @@ def test_reshape_local_pieces_property(case):
 @given(reshape_cases())
 def test_identity_reshape_keeps_layout(case):
     src, _, attr = case
-    # a sharded size-1 dim is the one layout reshape does not carry over (it is a Singleton)
-    if int(np.prod(src)) and not any(s == 1 and dm for s, dm in zip(src, attr.dims_mapping)):
+    if int(np.prod(src)):  # size-1 dims included: each pairs with itself
         assert _check_reshape(src, src, attr) == attr
+
+
+@pytest.mark.parametrize("target", [(1, 2, 4), (1, 4, 2), (1, 8)])
+def test_uneven_size_one_shard_survives_views(target):
+    """PyTorch's uneven view cases: [1, 2, 2, 2] as S(0) on 4 ranks (one piece holds the dim,
+    three are empty) reshapes without communication and stays sharded on the size-1 dim."""
+    x = meta((1, 2, 2, 2), [S(0)], (4,))
+    r = run("reshape", x, shape=target)
+    assert r.inputs[0] == x.dist_attr
+    assert r.outputs[0].dist_attr.dims_mapping == ((0,),) + ((),) * (len(target) - 1)
+    _check_reshape((1, 2, 2, 2), target, x.dist_attr)
+    r = run("flatten", x, start_axis=1, stop_axis=3)
+    assert r.inputs[0] == x.dist_attr and r.outputs[0].dist_attr.dims_mapping == ((0,), ())
+
+
+def test_flatten_of_sequence_sharded_activation_without_a_gather():
+    """[6, seq, 3] as S(1) flattened to [6*seq, 3]: the seq shard cannot survive the flatten;
+    it moves to dim 0 by one all-to-all (no all-gather) and the output stays sharded."""
+    from spmd_rules import plan_same_mesh
+    x = meta((6, 5, 3), [S(1)])
+    r = run("flatten", x, start_axis=0, stop_axis=1)
+    assert r.outputs[0].shape == (30, 3) and r.outputs[0].dist_attr.dims_mapping == ((0,), ())
+    assert [s.kind for s in plan_same_mesh((6, 5, 3), 4, x.dist_attr, r.inputs[0])] == ["all_to_all"]
+
+
+@pytest.mark.parametrize("target", [(192,), (12, 2, 8), (8, 6, 4)])
+def test_co_sharded_reshape_keeps_four_way_sharding(target):
+    """[4, 6, 8] as [S(0), S(1)] on 2x2 (Paddle's co-shard cases): the output stays 4-way
+    co-sharded on its first dim; mesh dim 1 moves onto dim 0 by one all-to-all (cheaper than
+    the all-gather the dim-1 shard would otherwise need); values checked per coordinate."""
+    from spmd_rules import plan_same_mesh
+    x = meta((4, 6, 8), [S(0), S(1)], (2, 2))
+    r = run("reshape", x, shape=target)
+    assert r.outputs[0].dist_attr.dims_mapping[0] == (0, 1)
+    assert [s.kind for s in plan_same_mesh((4, 6, 8), 4, x.dist_attr, r.inputs[0])] == ["all_to_all"]
+    _check_reshape((4, 6, 8), target, x.dist_attr)

@@ -22,8 +22,9 @@ def test_slice():
     x = meta((4, 6, 8), [S(0), S(2)], (2, 2))
     r = run("slice", x, index=(slice(0, 4, 1), None, 2, slice(1, 8, 2)))
     assert r.outputs[0].shape == (4, 1, 4)
-    assert r.inputs[0].dims_mapping == ((0,), (), ())
-    assert r.outputs[0].dist_attr.dims_mapping == ((0,), (), ())
+    # mesh 1 leaves the partially sliced dim 2 for dim 0 (all-to-all beats all-gather)
+    assert r.inputs[0].dims_mapping == ((0, 1), (), ())
+    assert r.outputs[0].dist_attr.dims_mapping == ((0, 1), (), ())
     r = run("slice", meta((4, 6), [S(1), P()], (2, 2)), index=(1,))
     assert r.outputs[0].shape == (6,) and r.outputs[0].dist_attr == DistAttr((2, 2), ((0,),), ((1, "sum"),))
     r = run("slice", meta((4, 6), [S(0)]), index=(slice(0, 100, 1),))
@@ -37,8 +38,8 @@ def test_slice():
 def test_slice_grad():
     dout = meta((4, 1, 4), [S(0), S(2)], (2, 2))
     r = run("slice_grad", dout, index=(slice(0, 4, 1), None, 2, slice(1, 8, 2)), input_shape=(4, 6, 8))
-    assert r.inputs[0].dims_mapping == ((0,), (), ())
-    assert r.outputs[0].shape == (4, 6, 8) and r.outputs[0].dist_attr.dims_mapping == ((0,), (), ())
+    assert r.inputs[0].dims_mapping == ((0, 1), (), ())
+    assert r.outputs[0].shape == (4, 6, 8) and r.outputs[0].dist_attr.dims_mapping == ((0, 1), (), ())
     with pytest.raises(ValueError, match="slice_grad.*dout"):
         run("slice_grad", meta((4, 1, 3), [R()]), index=(slice(0, 4, 1), None, 2, slice(1, 8, 2)),
             input_shape=(4, 6, 8))
@@ -49,8 +50,8 @@ def test_set_value():
     v = meta((4, 3), [R(), R()], (2, 2))
     index = (slice(0, 4, 1), 2, slice(1, 7, 2))
     r = run("set_value", x, v, index=index)
-    assert r.inputs[0].dims_mapping == ((0,), (), ())          # partial slice on dim 2: gathered
-    assert r.inputs[1].dims_mapping == ((0,), ())              # value follows region dim 0
+    assert r.inputs[0].dims_mapping == ((0, 1), (), ())  # partial slice on dim 2: mesh 1 moves
+    assert r.inputs[1].dims_mapping == ((0, 1), ())      # value follows region dim 0
     assert r.outputs[0].shape == (4, 6, 8) and r.outputs[0].dist_attr == r.inputs[0]
     # a broadcast (size-1) value dim stays replicated
     r = run("set_value", x, meta((1, 3), [R(), R()], (2, 2)), index=index)
@@ -135,13 +136,14 @@ def test_one_hot_tile_expand():
         run("one_hot", meta((4,), [R()]), num_classes=None)
     r = run("tile", meta((4, 6), [S(0), S(1)], (2, 2)), repeat_times=(2, 1, 3))
     assert r.outputs[0].shape == (2, 4, 18)
-    assert r.inputs[0].dims_mapping == ((0,), ())
-    assert r.outputs[0].dist_attr.dims_mapping == ((), (0,), ())
+    assert r.inputs[0].dims_mapping == ((0, 1), ())
+    assert r.outputs[0].dist_attr.dims_mapping == ((), (0, 1), ())
     r = run("tile", meta((4, 6), [S(1)]), repeat_times=(2,))
-    assert r.outputs[0].shape == (4, 12) and r.inputs[0].is_replicated()
+    assert r.outputs[0].shape == (4, 12) and r.inputs[0].dims_mapping == ((0,), ())
     r = run("expand", meta((4, 1), [S(0), S(1)], (2, 2)), shape=(3, 4, 5))
     assert r.outputs[0].shape == (3, 4, 5)
-    assert r.inputs[0].dims_mapping == ((0,), ()) and r.outputs[0].dist_attr.dims_mapping == ((), (0,), ())
+    assert r.inputs[0].dims_mapping == ((0, 1), ())
+    assert r.outputs[0].dist_attr.dims_mapping == ((), (0, 1), ())
     with pytest.raises(ValueError, match=r"expand.*\(4, 2\).*\(4, 5\)"):
         run("expand", meta((4, 2), [R()]), shape=(4, 5))
 
