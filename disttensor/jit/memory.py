@@ -257,13 +257,13 @@ def _arena_size(buffers: Sequence[Buffer], offsets: dict[int, int]) -> int:
 
 
 def _perturbed(buffers: Sequence[Buffer]) -> dict[int, int]:
-    """Greedy by size with each size scaled by a seeded random factor in [1, 1.3), up to 24
-    rounds (at most 20000 / buffers, so few on large programs), keeping the smallest; stops at
+    """Greedy by size with each size scaled by a seeded random factor in [1, 1.3), up to 64
+    rounds (at most 40000 / buffers, so few on large programs), keeping the smallest; stops at
     the lower bound."""
     rng = random.Random(0)
     bound = lower_bound(buffers)
     best, best_size = {}, None
-    for _ in range(min(24, 20000 // max(len(buffers), 1))):
+    for _ in range(min(64, 40000 // max(len(buffers), 1))):
         noise = {b.id: 1 + 0.3 * rng.random() for b in buffers}
         offsets = _greedy(buffers, lambda b: (-b.size * noise[b.id], b.id))
         size = _arena_size(buffers, offsets)
