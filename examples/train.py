@@ -226,7 +226,9 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     first = 1
     if args.resume:
         first = resume(os.path.join(args.resume, model_name), model, opt) + 1
-    step_fn = lambda x, y: train_step(model, opt, x, y)  # noqa: E731
+
+    def step_fn(x, y):
+        return train_step(model, opt, x, y)
     if args.to_static:  # captured once (twice: the first step creates the optimizer states)
         step_fn = dt.jit.to_static(step_fn)
     losses, t_start = [], time.perf_counter()
