@@ -29,7 +29,6 @@ import numpy as np
 
 from .. import dispatch
 from ..distributed.dist_tensor import DistTensor
-from ..distributed.mesh_groups import world
 from ..generator import default_generator
 from ..ops import to_tensor
 from ..nn.layer import Layer
@@ -218,27 +217,17 @@ class StaticFunction:
         del cap
         gc.collect()
         escaped = [t for k, r in made.items() if (t := r()) is not None and k not in kept]
-        if _any_rank(bool(escaped)):  # every rank captures again, or none does
+        if escaped:  # per rank: a capture issues the collectives a replay would, so ranks
+            # may differ in when they capture without waiting on each other
             # the step made tensors that outlive it (an optimizer's moments on its first step):
             # replaying would make them anew each time, so capture again once they exist
-            example = f", e.g. '{escaped[0]._label()}'" if escaped else " on another rank"
             prog.provisional = (f"the previous capture made {len(escaped)} tensor(s) that outlive "
-                                f"the step (state such as optimizer moments{example}); capturing "
-                                f"again now that they exist")
+                                f"the step (state such as optimizer moments, e.g. "
+                                f"'{escaped[0]._label()}'); capturing again now that they exist")
         prog.split()
         self.programs[sig] = self.program = prog
         self.captures += 1
         return result
-
-
-def _any_rank(flag: bool) -> bool:
-    """``flag`` or-ed over the world's ranks: decisions a capture takes from what Python still
-    references (which a stray reference can change on one rank) must agree, since capturing
-    and replaying issue their collectives at different points of a step."""
-    group = world()
-    if group.size == 1:
-        return flag
-    return bool(group.all_reduce(np.array([flag], dtype=np.int32), "max")[0])
 
 
 def _bind_results(prog: Program, result: Any, tensors: list, cap: _Capture) -> None:
