@@ -10,7 +10,9 @@ backward program's — and
    space of its own — it joins its base's buffer and keeps it alive;
 3. leaves out of the arena what outlives the step or came from outside it: parameters, buffers,
    optimizer states, the step's arguments, what it returns, the gradients it leaves on tensors,
-   0-d values, and the pieces a rank outside the mesh makes empty;
+   0-d values, and the pieces a rank outside the mesh makes empty; by default (scope
+   "kernels") also what a kernel without ``out=`` returns, which would cost a copy and as
+   much memory again while it is made;
 4. lets an op the schema marks ``reuse`` write into a dying input's buffer when that input has
    the output's size and dtype (seed 003's inplace reuse);
 5. places the buffers with :func:`memory.plan_arena`.
@@ -92,9 +94,11 @@ def _bitset(ids: list[int]) -> int:
     return x
 
 
-def plan_buffers(prog: "Program", escaping: set[int]) -> MemoryPlan:
+def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") -> MemoryPlan:
     """The buffer plan of ``prog`` (see the module docstring); ``escaping``: value ids the
-    step hands back (results, gradients left on tensors)."""
+    step hands back (results, gradients left on tensors). ``scope`` "kernels": only values
+    whose kernel writes through ``out=``; "all": every
+    temporary (the others are copied into their block once)."""
     steps = timeline(prog)
     vals = _step_values(prog, steps)
     first, last = live_ranges([Block([(_bitset(u), _bitset(d)) for u, d in vals])],
@@ -118,7 +122,7 @@ def plan_buffers(prog: "Program", escaping: set[int]) -> MemoryPlan:
         for r in s.outs:
             if s.kind == "local" and s.ins and find(s.ins[0]) != r and r not in base:
                 base[r] = find(s.ins[0])  # a reshard step that may return a slice: a view
-            elif s.kind == "empty" or s.scalar_out:
+            elif s.kind == "empty" or s.scalar_out or (scope == "kernels" and not s.takes_out):
                 unplanned.add(r)
     for v in prog.values:
         if v.producer is None or v.id in escaping or v.nbytes == 0 or not v.local_shape:

@@ -163,10 +163,11 @@ class StaticFunction:
     docstring). ``programs`` maps signatures to their :class:`Program`; ``captures`` counts
     captures; ``program`` is the latest one."""
 
-    def __init__(self, fn: Callable, name: str | None = None, plan_memory: bool = True):
+    def __init__(self, fn: Callable, name: str | None = None,
+                 plan_memory: bool | str = "kernels"):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "step")
-        self.plan_memory = plan_memory
+        self.plan_memory = _memory_scope(plan_memory)
         self.programs: dict[tuple, Program] = {}
         self.captures = 0
         self.program: Program | None = None
@@ -349,12 +350,22 @@ def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
     return build(prog.result)
 
 
-def to_static(fn: Callable | Any = None, *args: Any, plan_memory: bool = True, **kwargs: Any):
+def _memory_scope(plan_memory: bool | str) -> str | None:
+    scope = {True: "kernels", False: None, "kernels": "kernels", "all": "all"}.get(plan_memory, "?")
+    if scope == "?":
+        raise ValueError(f"to_static: argument 'plan_memory'={plan_memory!r}: expected "
+                         f"'kernels', 'all' or False")
+    return scope
+
+
+def to_static(fn: Callable | Any = None, *args: Any, plan_memory: bool | str = "kernels",
+              **kwargs: Any):
     """Capture ``fn`` (a step function, or a Layer's forward) into a program replayed on later
     calls (:class:`StaticFunction`). With Paddle's signature ``to_static(layer, loader, loss,
-    optimizer)`` it returns a :class:`DistModel`. ``plan_memory`` (default True): replay with
-    every temporary in a planned arena (:meth:`Program.memory_report`); False allocates per
-    kernel call as eager mode does."""
+    optimizer)`` it returns a :class:`DistModel`. ``plan_memory``: ``"kernels"`` (the default) replays with
+    every temporary whose kernel takes ``out=`` in a planned arena; ``"all"`` places every
+    temporary there (the others copied in once); False allocates per kernel call as eager mode
+    does (:meth:`Program.memory_report`)."""
     if isinstance(fn, Layer) and (args or kwargs):
         return DistModel(fn, *args, **kwargs)
     if isinstance(fn, Layer):

@@ -166,7 +166,7 @@ class Program:
         self.reg_value: dict[int, int] = {}    # register -> its latest value id
         self.guards: list = []                 # what a replay checks about the externals
         self.provisional: str | None = None    # why the program must be captured again
-        self.plan_memory = True                # replay in a planned arena (buffers.py)
+        self.plan_memory: str | None = "kernels"  # what replays in the arena (buffers.py)
         self.memory: MemoryPlan | None = None
         self.arena = None                      # the arena array while planned
         self._xp = np
@@ -185,7 +185,7 @@ class Program:
         if self.forward is None:
             self.forward, self.backward = _split(self)
             if self.plan_memory:
-                self.memory = plan_buffers(self, self.escaping())
+                self.memory = plan_buffers(self, self.escaping(), self.plan_memory)
                 self.arena = _arena(self.memory.arena.size, self._xp)
             for sub in (self.forward, self.backward):
                 _codegen(self, sub)
@@ -234,7 +234,7 @@ class Program:
         if mp is None:
             raise ValueError(f"program {self.name} was captured without a memory plan")
         a = mp.arena
-        return {"arena_bytes": a.size, "lower_bound_bytes": a.lower_bound,
+        return {"scope": self.plan_memory, "arena_bytes": a.size, "lower_bound_bytes": a.lower_bound,
                 "no_reuse_bytes": a.no_reuse, "strategy": a.strategy, "tried": a.tried,
                 "vs_lower_bound": round(a.size / a.lower_bound, 4) if a.lower_bound else 1.0,
                 "eager_peak_bytes": eager_peak, "instructions": mp.n_steps,

@@ -180,12 +180,13 @@ WORLD = dt.get_world_size()
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("scope", ["kernels", "all"])
 @pytest.mark.parametrize("size", ["default", "large"])
 @pytest.mark.parametrize("model_name", ["mlp", "gpt"])
-def test_planned_step_is_tight_verified_and_equals_eager(model_name, size, comm):
+def test_planned_step_is_tight_verified_and_equals_eager(model_name, size, scope, comm):
     mesh = train.default_mesh(WORLD)
     eager = _steps(model_name, size, mesh, captured=False)
-    losses, params, step = _steps(model_name, size, mesh, captured=True)
+    losses, params, step = _steps(model_name, size, mesh, captured=True, plan_memory=scope)
     prog = step.program
     verify(prog, prog.memory)
     report = prog.memory_report()
@@ -194,6 +195,9 @@ def test_planned_step_is_tight_verified_and_equals_eager(model_name, size, comm)
     assert report["no_reuse_bytes"] > report["arena_bytes"]  # dead blocks were reused
     assert report["inplace_reuse"], "no op wrote into its dying input"
     assert "out=B" in prog.forward.source  # kernels write into the arena directly
+    assert report["scope"] == scope
+    copies = prog.forward.source.count("_into(") + prog.backward.source.count("_into(")
+    assert (copies > 0) == (scope == "all")  # only "all" copies what a kernel made itself
     assert losses == eager[0]
     for k in eager[1]:
         np.testing.assert_array_equal(params[k], eager[1][k], err_msg=k)
@@ -236,7 +240,7 @@ def test_values_backward_needs_only_the_shape_of_die_in_forward():
 
 
 def test_planned_and_unplanned_replays_agree_and_the_plot_is_drawn(tmp_path):
-    a = _steps("gpt", "default", None, captured=True, plan_memory=True)
+    a = _steps("gpt", "default", None, captured=True, plan_memory="all")
     b = _steps("gpt", "default", None, captured=True, plan_memory=False)
     assert a[0] == b[0]
     assert b[2].program.memory is None
@@ -271,3 +275,9 @@ def test_a_kernel_writing_outside_its_buffer_is_caught(comm):
     with pytest.raises(OverlapError, match=rf"step {k} \(\w+\) wrote outside its buffers: the "
                                            rf"bytes of buffer of %\d+, live across it, changed"):
         step(*data[3])
+
+
+def test_plan_memory_values_are_checked():
+    with pytest.raises(ValueError, match="to_static: argument 'plan_memory'='some': expected "
+                                         "'kernels', 'all' or False"):
+        dt.jit.to_static(lambda x: x, plan_memory="some")
