@@ -73,10 +73,14 @@ def bench_ops(number: int, repeat: int) -> dict:
         "reshape": (lambda: dt.reshape(x, [64 * 64]), lambda: la.reshape(-1)),
         "add_": (lambda: x.add_(y), lambda: np.add(la, lb, out=la)),
     }
-    return _sleep_until_rank0_done(lambda: _time_ops(cases, mesh, number, repeat))
+    # placed by every rank (shard_tensor checks that the ranks agree): a fresh shape each forces
+    # rule evaluation and planning on its first op
+    fresh = [dt.shard_tensor(np.ones((64 + i, 8), np.float32), mesh, [Shard(0)])
+             for i in range(1, 41)]
+    return _sleep_until_rank0_done(lambda: _time_ops(cases, fresh, number, repeat))
 
 
-def _time_ops(cases: dict, mesh, number: int, repeat: int) -> dict:
+def _time_ops(cases: dict, fresh: list, number: int, repeat: int) -> dict:
     out = {}
     for name, (ours, raw) in cases.items():
         t_raw = _median_time(raw, number, repeat)
@@ -84,10 +88,8 @@ def _time_ops(cases: dict, mesh, number: int, repeat: int) -> dict:
         out[name] = {"ours_us": round(t_ours * 1e6, 2), "numpy_us": round(t_raw * 1e6, 2),
                      "overhead_us": round((t_ours - t_raw) * 1e6, 2),
                      "ratio": round(t_ours / t_raw, 2)}
-    # cache miss: a fresh shape each time forces rule evaluation and planning
     misses = []
-    for i in range(1, 41):
-        b = dt.shard_tensor(np.ones((64 + i, 8), np.float32), mesh, [Shard(0)])
+    for b in fresh:
         t0 = time.perf_counter()
         dt.relu(b)
         misses.append(time.perf_counter() - t0)

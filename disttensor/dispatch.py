@@ -262,9 +262,13 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
         if first is None:
             first = v.array
         arrays.append(v.array)
-    if op.strict_dtypes:  # the dtype rule may refuse this mix of dtypes
-        op.out_dtypes([None if a is None else a.dtype for a in arrays], attrs,
-                      [None if a is None else a.shape for a in arrays])
+    if op.strict_dtypes:  # the dtype rule may refuse a mix of dtypes (one dtype never is)
+        d0 = first.dtype if first is not None else None
+        for a in arrays:
+            if a is not None and a.dtype is not d0 and a.dtype != d0:
+                op.out_dtypes([None if a is None else a.dtype for a in arrays], attrs,
+                              [None if a is None else a.shape for a in arrays])
+                break
     plan = op.plan0
     if plan is None:
         plan = dense_plan(op, len(inputs), op.view_if(first.shape, first.strides, attrs)

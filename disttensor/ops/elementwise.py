@@ -418,6 +418,8 @@ def _with_scalar(x: Any, y: Any) -> tuple[Tensor, Tensor]:
     it takes the tensor's dtype, except a float with an int/bool tensor (float32) and an int
     with a bool tensor (int64), where the tensor is cast to that dtype first."""
     sx, sy = not isinstance(x, Tensor), not isinstance(y, Tensor)
+    if not (sx or sy):
+        return x, y
     x, y = as_tensor(x, y), as_tensor(y, x)
     if sy and not sx and y.dtype != x.dtype:
         x = cast(x, y.dtype)
@@ -430,6 +432,8 @@ def _binary(name: str, methods=(), rmethods=()):
     op = OPS[name]
 
     def f(x: Any, y: Any, name: str | None = None) -> Tensor:
+        if isinstance(x, Tensor) and isinstance(y, Tensor):
+            return apply(op, (x, y), {})
         return apply(op, _with_scalar(x, y), {})
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise {name} of x and y with numpy broadcasting."
