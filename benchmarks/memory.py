@@ -53,7 +53,9 @@ def bench_step(model_name: str, size: str, steps: int, plot: str | None = None) 
     out: dict = {"mesh": list(mesh.shape), "batch": batch}
     for mode in ("eager", "unplanned", "planned", "planned_all"):
         model, opt, batches = train.build(model_name, 3, mesh, batch=batch, size=size)
-        step = (lambda x, y: train.train_step(model, opt, x, y))
+        def step(x, y, model=model, opt=opt):
+            return train.train_step(model, opt, x, y)
+        step.__name__ = f"{model_name}_{size}_step"
         if mode != "eager":
             step = dt.jit.to_static(step, plan_memory={"unplanned": False, "planned": "kernels",
                                                        "planned_all": "all"}[mode])
