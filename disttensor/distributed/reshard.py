@@ -131,19 +131,26 @@ def _identity(reduce_type: str, dtype):
     return -np.inf if reduce_type == "max" else np.inf
 
 
+#: collectives whose prepared function takes ``out=`` (the sizes it needs are bound)
+_RECEIVES_INTO = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
+
+
 class PreparedStep:
-    """One step of a reshard plan prepared for this rank: ``fn(piece) -> piece``."""
+    """One step of a reshard plan prepared for this rank: ``fn(piece) -> piece``;
+    ``accepts_out``: ``fn(piece, out=buffer)`` receives into a given buffer."""
 
-    __slots__ = ("kind", "fn", "label", "nbytes")
+    __slots__ = ("kind", "fn", "label", "nbytes", "accepts_out")
 
-    def __init__(self, kind: str, fn: Callable, label: str, nbytes: int):
+    def __init__(self, kind: str, fn: Callable, label: str, nbytes: int,
+                 accepts_out: bool = False):
         self.kind, self.fn, self.label, self.nbytes = kind, fn, label, nbytes
+        self.accepts_out = accepts_out
 
 
 def _prepared(step: Step, shape, mesh: ProcessMesh, coord) -> PreparedStep:
     kind = "collective" if step.is_collective else "local"
     return PreparedStep(kind, _prepare_step(step, shape, mesh, coord), step.describe(),
-                        step.bytes_per_rank)
+                        step.bytes_per_rank, step.kind in _RECEIVES_INTO)
 
 
 @lru_cache(maxsize=4096)

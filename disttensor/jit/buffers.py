@@ -97,7 +97,7 @@ def _bitset(ids: list[int]) -> int:
 def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") -> MemoryPlan:
     """The buffer plan of ``prog`` (see the module docstring); ``escaping``: value ids the
     step hands back (results, gradients left on tensors). ``scope`` "kernels": only values
-    whose kernel writes through ``out=``; "all": every
+    whose kernel or collective writes through ``out=``; "all": every
     temporary (the others are copied into their block once)."""
     steps = timeline(prog)
     vals = _step_values(prog, steps)

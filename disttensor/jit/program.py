@@ -356,7 +356,7 @@ def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
         return partial(instr.fn, xp), False
     if instr.kind == "empty":
         return partial(instr.fn, xp), False
-    return instr.fn, False
+    return instr.fn, instr.accepts_out
 
 
 def _out_specs(plan, n_outputs: int) -> list[OutSpec]:
