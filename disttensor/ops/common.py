@@ -76,9 +76,11 @@ def sum_to_shape(g: Tensor, shape: Sequence[int]) -> Tensor:
 def normalize_axis(op: str, axis: int, ndim: int, arg: str = "axis") -> int:
     """A non-negative axis, or an error naming the op and the argument."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"{op}: {arg} must be an int, got {type(axis).__name__} {axis!r}")
+        raise TypeError(f"{op}: argument '{arg}' must be an int, got {type(axis).__name__} "
+                        f"{axis!r}")
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise ValueError(f"{op}: {arg}={axis} is out of range for a tensor of rank {ndim}")
+        raise ValueError(f"{op}: argument '{arg}'={axis} is out of range for a tensor of rank "
+                         f"{ndim}")
     return int(axis) % max(ndim, 1)
 
 
@@ -91,11 +93,11 @@ def normalize_axes(op: str, axis: Any, ndim: int, arg: str = "axis") -> tuple[in
     if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
         axis = [axis]
     if not isinstance(axis, (list, tuple)):
-        raise TypeError(f"{op}: {arg} must be an int, a list of ints or None, got "
+        raise TypeError(f"{op}: argument '{arg}' must be an int, a list of ints or None, got "
                         f"{type(axis).__name__} {axis!r}")
     axes = tuple(sorted(normalize_axis(op, a, ndim, arg) for a in axis))
     if len(set(axes)) != len(axes):
-        raise ValueError(f"{op}: {arg} {list(axis)} repeats an axis")
+        raise ValueError(f"{op}: argument '{arg}' {list(axis)} repeats an axis")
     return axes
 
 
