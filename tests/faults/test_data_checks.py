@@ -1,7 +1,7 @@
 """Data checks inside distributed kernels (embedding ids, cross-entropy labels, gather indices,
-one_hot classes) raise the same error on every rank of the op's mesh, also on the ranks whose piece holds
-no bad value, so a program that catches the error to skip a batch goes on with every rank; the
-next step's values equal numpy's on the global arrays."""
+one_hot classes) raise the same error on every rank of the op's mesh, also on the ranks whose
+piece holds no bad value, so a program that catches the error to skip a batch goes on with every
+rank; the next step's values equal numpy's on the global arrays."""
 from __future__ import annotations
 
 import re
