@@ -135,11 +135,6 @@ class KernelCtx:
         ``input_index`` (identity here)."""
         return arr
 
-    def agree(self, arr, op: str):
-        """Reduce ``arr`` across every rank of the op's mesh (identity here): a data check
-        combines its verdict with it so that every rank raises the same error."""
-        return arr
-
     def offset(self, input_index: int, axis: int) -> int:
         """Global index of this piece's first element along ``axis`` of input ``input_index``."""
         return 0

@@ -54,9 +54,6 @@ class DistKernelCtx(KernelCtx):
             return arr
         return group_over(self.mesh, dims).all_reduce(arr, op)
 
-    def agree(self, arr, op: str):
-        return group_over(self.mesh, tuple(range(len(self.mesh.shape)))).all_reduce(arr, op)
-
     def offset(self, input_index: int, axis: int) -> int:
         offsets = self._offsets.get(input_index)
         if offsets is None:

@@ -104,21 +104,21 @@ def normalize_axes(op: str, axis: Any, ndim: int, arg: str = "axis") -> tuple[in
 _EMPTY = np.iinfo(np.int64).min  # the extremes of a piece with no (valid) value
 
 
-def check_index_range(xp, ctx: KernelCtx, op: str, what: str, values, n: int, valid=None,
-                      note: str = "") -> None:
-    """Raise ValueError ``"<op>: <what> <v> is out of range [0, n)<note>"`` on every rank of the
-    op's mesh when a value of ``values`` (this rank's piece; only where ``valid``) lies outside
-    [0, n). The pieces' extremes are max-reduced over the mesh (one 2-element int64
-    all-reduce, :meth:`KernelCtx.agree`), so all ranks name the same value and a program that
-    catches the error to skip a batch leaves no rank waiting, also when one rank's "replicated"
-    data differ from the others'."""
+def check_index_range(xp, ctx: KernelCtx, op: str, what: str, values, n: int,
+                      input_index: int, valid=None, note: str = "") -> None:
+    """Raise ValueError ``"<op>: <what> <v> is out of range [0, n)<note>"`` on every rank of the op
+    when a value of ``values`` (this rank's piece of input ``input_index``; only where ``valid``)
+    lies outside [0, n). The piece's extremes are max-reduced as one 2-element int64 all-reduce
+    over the ranks holding other pieces of that input (none when it is not sharded: the ranks
+    holding the same piece find the same value), so all ranks name the same value and a rank
+    that catches the error to skip a batch leaves no other rank waiting."""
     v = values if valid is None else values[valid]
     if v.size:
         ext = xp.stack([v.min(), v.max()]).astype(np.int64)
         ext[0] = -ext[0]
     else:
         ext = xp.full(2, _EMPTY, dtype=np.int64)
-    ext = ctx.agree(ext, "max")
+    ext = ctx.allreduce(ext, "max", input_index, tuple(range(values.ndim)))
     lo, hi = -int(ext[0]), int(ext[1])
     if lo < 0 or hi >= n:
         raise ValueError(f"{op}: {what} {lo if lo < 0 else hi} is out of range [0, {n}){note}")

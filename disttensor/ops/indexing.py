@@ -14,7 +14,7 @@ from .embedding import scatter_add
 
 
 def _gather_kernel(xp, x, index, axis, ctx):
-    check_index_range(xp, ctx, "gather", "index value", index, x.shape[axis])
+    check_index_range(xp, ctx, "gather", "index value", index, x.shape[axis], 1)
     return xp.take(x, index, axis=axis)
 
 
@@ -39,7 +39,7 @@ register("gather", _gather_kernel, backward=_gather_bwd, rule="gather", save_inp
 
 
 def _one_hot_kernel(xp, x, num_classes, ctx):
-    check_index_range(xp, ctx, "one_hot", "x value", x, num_classes)
+    check_index_range(xp, ctx, "one_hot", "x value", x, num_classes, 0)
     return (x[..., None] == xp.arange(num_classes)).astype(np.float32)
 
 

@@ -36,7 +36,7 @@ def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
     label is ``ignore_index`` get loss 0."""
     keep = _keep_shape(logits.shape, axis)
     n_cls = ctx.global_shape(0, logits.shape)[axis]
-    check_index_range(xp, ctx, "cross_entropy", "label value", label, n_cls,
+    check_index_range(xp, ctx, "cross_entropy", "label value", label, n_cls, 1,
                       label != ignore_index, f" (ignore_index={ignore_index})")
     lab = label.reshape(keep)
     valid = lab != ignore_index

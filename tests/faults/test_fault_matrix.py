@@ -1,9 +1,9 @@
 """The fault matrix (issue 11): a fault on rank 1 of a 4-rank training job, under plain
 ``mpiexec -n 4`` and under ``python -m launch --nproc 4``. Every case must end the job with a
 non-zero status within 10 s of the fault (within the watchdog timeout plus 10 s where only the
-timeout can tell), with a report naming rank 1 and what it did; the clean run, and a run where
-rank 1 catches a label error to skip a batch (raised on every rank), must end with status 0 and
-the loss numpy gives."""
+timeout can tell), with a report naming rank 1 and what it did; the clean run, and a run whose
+step 1 has a bad label in rank 1's rows (the error is raised on every rank, which all skip the
+batch), must end with status 0 and the loss numpy gives."""
 import os
 import re
 import subprocess
@@ -87,8 +87,8 @@ def run(tmp_path, fault: str, how: str, **extra_env):
 @pytest.mark.parametrize("how", ["mpiexec", "launch"])
 @pytest.mark.parametrize("fault", ["none", "caught_label_error"])
 def test_clean_run(tmp_path, fault, how):
-    """A clean run, and one where rank 1 alone holds a bad label at step 1: the label check
-    raises on every rank (a mesh-wide verdict), every rank skips that step, and the job ends
+    """A clean run, and one whose step 1 has a label out of range in rows held by ranks 0 and 1
+    only: the label check raises on every rank, every rank skips that step, and the job ends
     with status 0 and numpy's loss without that step's update."""
     r, _ = run(tmp_path, fault, how)
     assert r.returncode == 0, r.stdout
