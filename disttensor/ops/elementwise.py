@@ -434,8 +434,9 @@ def _binary(name: str, methods=(), rmethods=()):
     def f(x: Any, y: Any, name: str | None = None) -> Tensor:
         x, y = _with_scalar(x, y)
         sx, sy = x._value.shape, y._value.shape
-        if sx != sy:  # numpy's broadcasting error names neither op nor arguments
-            broadcast_notations(op.name, (sx, sy), ("x", "y"))
+        if sx != sy and not (x.is_dist() or y.is_dist()):
+            # numpy's error names neither op nor arguments (the rule names both, and placements)
+            broadcast_notations(op.name, (sx, sy), ("input 0", "input 1"))
         return apply(op, (x, y), {})
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise {name} of x and y with numpy broadcasting."

@@ -15,7 +15,7 @@ from disttensor import ProcessMesh, Replicate, Shard
 
 pytestmark = pytest.mark.mpi
 
-ROWS, V, D = 8, 10, 3
+ROWS, V, D = 8, 13, 5  # shapes no agreement test uses (an agreed fingerprint is not rechecked)
 RNG = np.random.default_rng(5)
 WEIGHT = RNG.standard_normal((V, D))
 LOGITS = RNG.standard_normal((ROWS, V))
