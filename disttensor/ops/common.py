@@ -10,11 +10,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..dispatch import apply
-from ..schema import OPS
+from ..schema import OPS, KernelCtx
 from ..tensor import Tensor
 
 __all__ = ["as_tensor", "constant", "sum_to_shape", "reduce_sum", "normalize_axis",
-           "normalize_axes", "grad_op_backward"]
+           "normalize_axes", "grad_op_backward", "check_index_range"]
 
 
 def constant(value: Any, dtype: Any, like: Tensor | None = None) -> Tensor:
@@ -76,9 +76,11 @@ def sum_to_shape(g: Tensor, shape: Sequence[int]) -> Tensor:
 def normalize_axis(op: str, axis: int, ndim: int, arg: str = "axis") -> int:
     """A non-negative axis, or an error naming the op and the argument."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"{op}: {arg} must be an int, got {type(axis).__name__} {axis!r}")
+        raise TypeError(f"{op}: argument '{arg}' must be an int, got {type(axis).__name__} "
+                        f"{axis!r}")
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise ValueError(f"{op}: {arg}={axis} is out of range for a tensor of rank {ndim}")
+        raise ValueError(f"{op}: argument '{arg}'={axis} is out of range for a tensor of rank "
+                         f"{ndim}")
     return int(axis) % max(ndim, 1)
 
 
@@ -91,12 +93,35 @@ def normalize_axes(op: str, axis: Any, ndim: int, arg: str = "axis") -> tuple[in
     if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
         axis = [axis]
     if not isinstance(axis, (list, tuple)):
-        raise TypeError(f"{op}: {arg} must be an int, a list of ints or None, got "
+        raise TypeError(f"{op}: argument '{arg}' must be an int, a list of ints or None, got "
                         f"{type(axis).__name__} {axis!r}")
     axes = tuple(sorted(normalize_axis(op, a, ndim, arg) for a in axis))
     if len(set(axes)) != len(axes):
-        raise ValueError(f"{op}: {arg} {list(axis)} repeats an axis")
+        raise ValueError(f"{op}: argument '{arg}' {list(axis)} repeats an axis")
     return axes
+
+
+_EMPTY = np.iinfo(np.int64).min  # the extremes of a piece with no (valid) value
+
+
+def check_index_range(xp, ctx: KernelCtx, op: str, what: str, values, n: int,
+                      input_index: int, valid=None, note: str = "") -> None:
+    """Raise ValueError ``"<op>: <what> <v> is out of range [0, n)<note>"`` on every rank of the op
+    when a value of ``values`` (this rank's piece of input ``input_index``; only where ``valid``)
+    lies outside [0, n). The piece's extremes are max-reduced as one 2-element int64 all-reduce
+    over the ranks holding other pieces of that input (none when it is not sharded: the ranks
+    holding the same piece find the same value), so all ranks name the same value and a rank
+    that catches the error to skip a batch leaves no other rank waiting."""
+    v = values if valid is None else values[valid]
+    if v.size:
+        ext = xp.stack([v.min(), v.max()]).astype(np.int64)
+        ext[0] = -ext[0]
+    else:
+        ext = xp.full(2, _EMPTY, dtype=np.int64)
+    ext = ctx.allreduce(ext, "max", input_index, tuple(range(values.ndim)))
+    lo, hi = -int(ext[0]), int(ext[1])
+    if lo < 0 or hi >= n:
+        raise ValueError(f"{op}: {what} {lo if lo < 0 else hi} is out of range [0, {n}){note}")
 
 
 def grad_op_backward(grad_op: str) -> Callable:

@@ -74,14 +74,15 @@ def _shape(op: str, shape: Any) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         shape = [shape]
     if not isinstance(shape, (list, tuple)):
-        raise TypeError(f"{op}: shape must be an int or a sequence of ints, got "
+        raise TypeError(f"{op}: argument 'shape' must be an int or a sequence of ints, got "
                         f"{type(shape).__name__} {shape!r}")
     try:
         out = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
-        raise TypeError(f"{op}: shape must be a sequence of ints, got {list(shape)!r}") from None
+        raise TypeError(f"{op}: argument 'shape' must be a sequence of ints, got "
+                        f"{list(shape)!r}") from None
     if any(s < 0 for s in out):
-        raise ValueError(f"{op}: shape {list(out)} has a negative dim")
+        raise ValueError(f"{op}: argument 'shape' {list(out)} has a negative dim")
     return out
 
 
@@ -133,25 +134,30 @@ def to_tensor(data: Any, dtype: Any = None, place: str | None = None,
 def full(shape: Sequence[int], fill_value: Any, dtype: Any = None, place: str | None = None,
          name: str | None = None) -> Tensor:
     """A new tensor of ``shape`` filled with ``fill_value`` (float32 unless dtype is given)."""
-    d = to_np_dtype(dtype if dtype is not None else "float32")
     if isinstance(fill_value, Tensor):
         fill_value = fill_value.item()
-    return apply(OPS["full"], (), {"shape": _shape("full", shape), "fill_value": fill_value,
-                                   "dtype": d, "place": _place_attr("full", place)})
+    return _full("full", shape, fill_value, dtype, place)
+
+
+def _full(op: str, shape: Any, fill_value: Any, dtype: Any, place: str | None) -> Tensor:
+    """``full`` on behalf of ``op`` (zeros, ones), whose name the errors carry."""
+    d = to_np_dtype(dtype if dtype is not None else "float32")
+    return apply(OPS["full"], (), {"shape": _shape(op, shape), "fill_value": fill_value,
+                                   "dtype": d, "place": _place_attr(op, place)})
 
 
 @public()
 def zeros(shape: Sequence[int], dtype: Any = None, place: str | None = None,
           name: str | None = None) -> Tensor:
     """A new tensor of zeros (float32 unless dtype is given)."""
-    return full(shape, 0, dtype, place)
+    return _full("zeros", shape, 0, dtype, place)
 
 
 @public()
 def ones(shape: Sequence[int], dtype: Any = None, place: str | None = None,
          name: str | None = None) -> Tensor:
     """A new tensor of ones (float32 unless dtype is given)."""
-    return full(shape, 1, dtype, place)
+    return _full("ones", shape, 1, dtype, place)
 
 
 @public()

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from spmd_rules import broadcast_notations
+
 from ..dispatch import apply, apply_inplace
 from ..dtype import to_np_dtype
 from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
@@ -432,9 +434,19 @@ def _binary(name: str, methods=(), rmethods=()):
     op = OPS[name]
 
     def f(x: Any, y: Any, name: str | None = None) -> Tensor:
-        if isinstance(x, Tensor) and isinstance(y, Tensor):
+        if not (isinstance(x, Tensor) and isinstance(y, Tensor)):
+            x, y = _with_scalar(x, y)
+        try:
             return apply(op, (x, y), {})
-        return apply(op, _with_scalar(x, y), {})
+        except ValueError:
+            if x.is_dist() or y.is_dist():  # the rule's message names shapes and placements
+                raise
+            try:  # numpy's broadcast error names neither op nor arguments
+                broadcast_notations(op.name, (x._value.shape, y._value.shape),
+                                    ("input 0", "input 1"))
+            except ValueError as e:
+                raise ValueError(str(e)) from None
+            raise
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise {name} of x and y with numpy broadcasting."
     return public(name, methods=(name,) + tuple(methods), rmethods=rmethods)(f)
@@ -530,8 +542,8 @@ def _clip_attrs(lo, hi) -> dict:
     for arg, v in (("min", lo), ("max", hi)):
         if v is not None and (isinstance(v, bool) or not isinstance(
                 v, (int, float, np.integer, np.floating))):
-            raise TypeError(f"clip: {arg} must be a number or None, got {type(v).__name__} "
-                            f"{v!r}")
+            raise TypeError(f"clip: argument '{arg}' must be a number or None, got "
+                            f"{type(v).__name__} {v!r}")
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"clip: min ({lo}) is greater than max ({hi})")
     return {"min": None if lo is None else float(lo), "max": None if hi is None else float(hi)}

@@ -11,22 +11,12 @@ import numpy as np
 from ..dispatch import apply
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
-from .common import as_tensor
-
-
-def _check_ids(xp, op: str, ids, vocab: int) -> None:
-    if ids.size == 0:
-        return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{op}: id {bad} is out of range [0, {vocab}) of the weight's "
-                         f"{vocab} rows")
+from .common import as_tensor, check_index_range
 
 
 def _embedding_kernel(xp, ids, weight, padding_idx, ctx):
     vocab = ctx.global_shape(1, weight.shape)[0]
-    _check_ids(xp, "embedding", ids, vocab)
+    check_index_range(xp, ctx, "embedding", "id", ids, vocab, 0)
     local = ids - ctx.offset(1, 0)
     mask = (local >= 0) & (local < weight.shape[0])
     if padding_idx is not None:

@@ -9,20 +9,12 @@ import numpy as np
 from ..dispatch import apply
 from ..schema import OPS, fixed_dtype, public, register, same_dtype
 from ..tensor import Tensor
-from .common import as_tensor, normalize_axis
+from .common import as_tensor, check_index_range, normalize_axis
 from .embedding import scatter_add
 
 
-def _check_range(op: str, arg: str, idx, n: int) -> None:
-    if idx.size == 0:
-        return
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= n:
-        raise ValueError(f"{op}: {arg} value {lo if lo < 0 else hi} is out of range [0, {n})")
-
-
-def _gather_kernel(xp, x, index, axis):
-    _check_range("gather", "index", index, x.shape[axis])
+def _gather_kernel(xp, x, index, axis, ctx):
+    check_index_range(xp, ctx, "gather", "index value", index, x.shape[axis], 1)
     return xp.take(x, index, axis=axis)
 
 
@@ -43,15 +35,16 @@ def _gather_bwd(node, g):
 
 register("gather_grad", _gather_grad_kernel, rule="gather_grad", dtype=same_dtype(1))
 register("gather", _gather_kernel, backward=_gather_bwd, rule="gather", save_inputs=(1,),
-         grad_inputs=(0,), no_need_buffer=(0,), dtype=same_dtype(0))
+         grad_inputs=(0,), no_need_buffer=(0,), needs_ctx=True, dtype=same_dtype(0))
 
 
-def _one_hot_kernel(xp, x, num_classes):
-    _check_range("one_hot", "x", x, num_classes)
+def _one_hot_kernel(xp, x, num_classes, ctx):
+    check_index_range(xp, ctx, "one_hot", "x value", x, num_classes, 0)
     return (x[..., None] == xp.arange(num_classes)).astype(np.float32)
 
 
-register("one_hot", _one_hot_kernel, rule="one_hot", dtype=fixed_dtype(np.float32))
+register("one_hot", _one_hot_kernel, rule="one_hot", needs_ctx=True,
+         dtype=fixed_dtype(np.float32))
 
 
 def _index(op: str, index: Any) -> Tensor:

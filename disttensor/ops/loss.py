@@ -16,7 +16,7 @@ from ..dispatch import apply
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .activation import log_softmax, softmax
-from .common import as_tensor, normalize_axis
+from .common import as_tensor, check_index_range, normalize_axis
 from .elementwise import (cast, divide, log, maximum, multiply, neg, not_equal, scale, subtract,
                           where)
 from .indexing import gather, one_hot
@@ -35,13 +35,11 @@ def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
     """(softmax, loss) with loss shaped like logits with the class axis reduced to 1; rows whose
     label is ``ignore_index`` get loss 0."""
     keep = _keep_shape(logits.shape, axis)
+    n_cls = ctx.global_shape(0, logits.shape)[axis]
+    check_index_range(xp, ctx, "cross_entropy", "label value", label, n_cls, 1,
+                      label != ignore_index, f" (ignore_index={ignore_index})")
     lab = label.reshape(keep)
     valid = lab != ignore_index
-    n_cls = ctx.global_shape(0, logits.shape)[axis]
-    bad = valid & ((lab < 0) | (lab >= n_cls))
-    if bad.any():
-        raise ValueError(f"cross_entropy: label value {int(lab[bad].reshape(-1)[0])} is out of "
-                         f"range [0, {n_cls}) (ignore_index={ignore_index})")
     c_local = logits.shape[axis]
     if c_local:
         m = xp.max(logits, axis=axis, keepdims=True)

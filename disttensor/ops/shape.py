@@ -158,10 +158,16 @@ def unsqueeze(x: Tensor, axis: Any, name: str | None = None) -> Tensor:
 def transpose(x: Tensor, perm: Sequence[int], name: str | None = None) -> Tensor:
     """Permute the axes (a view)."""
     x = as_tensor(x)
+    if isinstance(perm, Tensor):
+        perm = perm.tolist()
+    if not isinstance(perm, (list, tuple)):
+        raise TypeError(f"transpose: argument 'perm' must be a list of ints (a permutation of "
+                        f"the {x.ndim} axes of shape {x.shape}), got {type(perm).__name__} "
+                        f"{perm!r}")
     perm = [normalize_axis("transpose", p, x.ndim, "perm") for p in perm]
     if sorted(perm) != list(range(x.ndim)):
-        raise ValueError(f"transpose: perm {perm} is not a permutation of the {x.ndim} axes of "
-                         f"shape {x.shape}")
+        raise ValueError(f"transpose: argument 'perm' {perm} is not a permutation of the "
+                         f"{x.ndim} axes of shape {x.shape}")
     return apply(OPS["transpose"], (x,), {"perm": tuple(perm)})
 
 
