@@ -11,6 +11,7 @@ import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import Partial, Replicate, Shard, nn
+from parallel_models import TwoLayer
 
 pytestmark = pytest.mark.mpi
 
@@ -26,14 +27,8 @@ def dp_mp():
     return dt.ProcessMesh(grid, dim_names=["dp", "mp"])
 
 
-class MLP(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(6, 10)
-        self.fc2 = nn.Linear(10, 5)
-
-    def forward(self, x):
-        return self.fc2(F.relu(self.fc1(x)))
+def MLP():
+    return TwoLayer(6, 10, 5)
 
 
 class Net(nn.Layer):

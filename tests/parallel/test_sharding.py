@@ -9,7 +9,8 @@ import pytest
 import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
-from disttensor import Replicate, Shard, nn
+from disttensor import Replicate, Shard
+from parallel_models import TwoLayer
 
 pytestmark = pytest.mark.mpi
 
@@ -17,14 +18,8 @@ X = np.random.default_rng(0).standard_normal((5, 8, 6)).astype(np.float32)
 Y = np.random.default_rng(1).standard_normal((5, 8, 4)).astype(np.float32)
 
 
-class MLP(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(6, 10)
-        self.fc2 = nn.Linear(10, 4)
-
-    def forward(self, x):
-        return self.fc2(F.relu(self.fc1(x)))
+def MLP():
+    return TwoLayer(6, 10, 4)
 
 
 def world():

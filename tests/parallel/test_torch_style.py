@@ -10,6 +10,7 @@ import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import DTensor, Partial, Replicate, Shard, nn
+from parallel_models import TwoLayer
 
 pytestmark = pytest.mark.mpi
 
@@ -172,14 +173,8 @@ def test_parallelize_module_bad_input_changes_nothing():
     assert not isinstance(stack[0].fc2.weight.placements[0], Partial)
 
 
-class _Block(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(6, 8)
-        self.fc2 = nn.Linear(8, 5)
-
-    def forward(self, x):
-        return self.fc2(F.relu(self.fc1(x)))
+def _Block():
+    return TwoLayer(6, 8, 5)
 
 
 def test_fully_shard_after_tp_lifts_to_the_2d_mesh_and_equals_dense():
