@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["ALIGN", "Block", "Buffer", "ArenaPlan", "OverlapError", "liveness", "live_ranges",
-           "plan_arena", "lower_bound", "check_arena", "aligned"]
+           "plan_arena", "lower_bound", "live_bytes", "check_arena", "aligned"]
 
 ALIGN = 64  # bytes: every offset and every buffer size is a multiple
 
@@ -149,17 +149,21 @@ class OverlapError(AssertionError):
     """Two buffers live at the same time share arena bytes (a planner bug)."""
 
 
+def live_bytes(buffers: Sequence[Buffer]) -> list[int]:
+    """The bytes live at each instruction ``0 .. max(last)``."""
+    n = max((b.last for b in buffers), default=-1) + 1
+    live = [0] * (n + 1)
+    for b in buffers:
+        live[b.first] += b.size
+        live[b.last + 1] -= b.size
+    for k in range(1, n):
+        live[k] += live[k - 1]
+    return live[:n]
+
+
 def lower_bound(buffers: Sequence[Buffer]) -> int:
     """The most bytes live at one instruction: no placement can use fewer."""
-    events: dict[int, int] = {}
-    for b in buffers:
-        events[b.first] = events.get(b.first, 0) + b.size
-        events[b.last + 1] = events.get(b.last + 1, 0) - b.size
-    best = cur = 0
-    for t in sorted(events):
-        cur += events[t]
-        best = max(best, cur)
-    return best
+    return max(live_bytes(buffers), default=0)
 
 
 def _best_fit_in_order(buffers: Sequence[Buffer]) -> dict[int, int]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .memory import ArenaPlan, Buffer
+from .memory import ArenaPlan, Buffer, live_bytes
 
 __all__ = ["plot_arena"]
 
@@ -18,13 +18,8 @@ def plot_arena(buffers: Sequence[Buffer], plan: ArenaPlan, path: str, title: str
         from matplotlib.patches import Rectangle
     except ImportError as e:
         raise ImportError("plot_memory needs matplotlib: pip install 'disttensor[plot]'") from e
-    n = max((b.last for b in buffers), default=0) + 1
-    live = [0] * (n + 1)
-    for b in buffers:
-        live[b.first] += b.size
-        live[b.last + 1] -= b.size
-    for k in range(1, n + 1):
-        live[k] += live[k - 1]
+    live = live_bytes(buffers) or [0]
+    n = len(live)
     scale, unit = (2**20, "MiB") if plan.size >= 2**20 else (2**10, "KiB")
     fig, ax = plt.subplots(figsize=(10, 4.5))
     cmap = plt.get_cmap("tab20")
