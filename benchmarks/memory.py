@@ -10,10 +10,11 @@ Prints JSON on rank 0:
   allocated before the step): ``eager_peak``, ``unplanned_peak`` (captured, each kernel
   allocating as eager mode does), ``planned_peak`` (the default plan: what kernels write through
   ``out=`` in the arena; the arena's bytes plus what the step allocates besides) and
-  ``planned_all_peak`` (every temporary in the arena, the others copied in);
-  ``planned_vs_eager`` (target <= 0.75 at the larger GPT); the arenas against the lower bound,
-  the no-reuse total (of every temporary); median step times and ``time_planned_vs_unplanned``
-  (target <= 1.0);
+  ``planned_all_peak`` (every temporary in the arena, the others copied in), and the same two
+  with ``recompute=True`` (``recompute_peak``, ``recompute_all_peak``: cheap forward ops run
+  again in the backward, :mod:`disttensor.jit.remat`); ``*_vs_eager`` ratios (target <= 0.75
+  at the larger GPT); the arenas against the lower bound, the no-reuse total (of every
+  temporary); median step times and ``time_*_vs_unplanned`` (target <= 1.0);
 * ``liveness_4000_ops_ms``: worklist liveness of a synthetic program shaped like seed 003's
   se-resnext (residual blocks, a backward that reads the saved activations), median (target
   <= 20 ms);
@@ -51,14 +52,14 @@ def bench_step(model_name: str, size: str, steps: int, plot: str | None = None) 
     mesh = train.default_mesh(dt.get_world_size())
     batch = 16 if size == "default" else 32
     out: dict = {"mesh": list(mesh.shape), "batch": batch}
-    for mode in ("eager", "unplanned", "planned", "planned_all"):
+    for mode, scope in MODES.items():
         model, opt, batches = train.build(model_name, 3, mesh, batch=batch, size=size)
         def step(x, y, model=model, opt=opt):
             return train.train_step(model, opt, x, y)
         step.__name__ = f"{model_name}_{size}_step"
         if mode != "eager":
-            step = dt.jit.to_static(step, plan_memory={"unplanned": False, "planned": "kernels",
-                                                       "planned_all": "all"}[mode])
+            step = dt.jit.to_static(step, plan_memory=scope,
+                                    recompute=mode.startswith("recompute"))
         data = [train.to_tensors(*b, mesh) for b in batches]
         for k in range(3):  # the captures, and warm caches
             step(*data[k % 4])
@@ -72,24 +73,32 @@ def bench_step(model_name: str, size: str, steps: int, plot: str | None = None) 
             _, peak = peak_bytes(step, *data[k % 4])
             peaks.append(peak)
         arena = 0
-        if mode.startswith("planned"):
+        if scope:
             report = step.program.memory_report()
             arena = report["arena_bytes"]
             out[f"{mode}_arena_bytes"] = arena
             out[f"{mode}_arena_vs_lower_bound"] = report["vs_lower_bound"]
-        if mode == "planned_all":  # every temporary: the whole step's bound
-            out.update(lower_bound_bytes=report["lower_bound_bytes"],
-                       no_reuse_bytes=report["no_reuse_bytes"], strategy=report["strategy"])
-            if plot and dt.get_rank() == 0:
+        if scope == "all":  # every temporary: the whole step's bound
+            out[f"{mode}_lower_bound_bytes"] = report["lower_bound_bytes"]
+            out[f"{mode}_no_reuse_bytes"] = report["no_reuse_bytes"]
+            out[f"{mode}_strategy"] = report["strategy"]
+            if plot and mode == "planned_all" and dt.get_rank() == 0:
                 step.program.plot_memory(plot)
+        if mode.startswith("recompute"):
+            out[f"{mode}_values"] = len(step.program.recomputed)
         out[f"{mode}_peak"] = _max_over_ranks(max(peaks) + arena)
         out[f"{mode}_ms"] = round(float(np.median(times)) * 1e3, 3)
-    out["planned_vs_eager"] = round(out["planned_peak"] / out["eager_peak"], 3)
-    out["unplanned_vs_eager"] = round(out["unplanned_peak"] / out["eager_peak"], 3)
-    out["planned_all_vs_eager"] = round(out["planned_all_peak"] / out["eager_peak"], 3)
-    out["time_planned_vs_unplanned"] = round(out["planned_ms"] / out["unplanned_ms"], 3)
-    out["time_planned_all_vs_unplanned"] = round(out["planned_all_ms"] / out["unplanned_ms"], 3)
+    for mode in MODES:
+        if mode != "eager":
+            out[f"{mode}_vs_eager"] = round(out[f"{mode}_peak"] / out["eager_peak"], 3)
+        if mode not in ("eager", "unplanned"):
+            out[f"time_{mode}_vs_unplanned"] = round(out[f"{mode}_ms"] / out["unplanned_ms"], 3)
     return out
+
+
+#: the runs of :func:`bench_step`: mode -> plan_memory scope (recompute modes also recompute)
+MODES = {"eager": None, "unplanned": False, "planned": "kernels", "planned_all": "all",
+         "recompute": "kernels", "recompute_all": "all"}
 
 
 def seed_program(n_ops: int = 4000) -> tuple[list[Block], int]:

@@ -25,6 +25,8 @@ An :class:`OpDef` says everything the runtime needs to know about an op before r
 * ``reuse`` — inputs whose buffer the kernel may write its output into when the input dies
   there (seed 003's inplace reuse; the memory planner uses it);
 * ``no_need_buffer`` — inputs whose backward needs only the shape (Paddle's no_need_buffer);
+* ``recompute`` — the kernel is cheap and deterministic: a captured step may run it again in the
+  backward instead of keeping its output alive (rematerialization, :mod:`disttensor.jit.remat`);
 * ``local_attrs(attrs, in_metas, out_metas, coord)`` — attributes given in global terms
   (reshape's target shape, slice bounds) converted to this rank's local terms.
 
@@ -183,6 +185,7 @@ class OpDef:
     needs_ctx: bool = False
     # the kernel draws from the global generator (ranks outside the mesh draw too)
     random: bool = False
+    recompute: bool = False
     local_attrs: Callable | None = None
     # filled in by the dispatcher: the cached dense plans of this op, and the plain one
     plans: dict = field(default_factory=dict, repr=False)

@@ -164,10 +164,11 @@ class StaticFunction:
     captures; ``program`` is the latest one."""
 
     def __init__(self, fn: Callable, name: str | None = None,
-                 plan_memory: bool | str = "kernels"):
+                 plan_memory: bool | str = "kernels", recompute: bool = False):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "step")
         self.plan_memory = _memory_scope(plan_memory)
+        self.recompute = bool(recompute)
         self.programs: dict[tuple, Program] = {}
         self.captures = 0
         self.program: Program | None = None
@@ -209,7 +210,7 @@ class StaticFunction:
                 raise CaptureError(f"to_static({self.name}): capturing the step failed{where}: "
                                    f"{type(e).__name__}: {e}") from e
         prog = build_program(self.name, cap.records, cap.phases, tensors, kinds, xp)
-        prog.plan_memory = self.plan_memory
+        prog.plan_memory, prog.recompute = self.plan_memory, self.recompute
         _bind_results(prog, result, tensors, cap)
         made = {id(t): weakref.ref(t) for rec in cap.records for t in rec.outputs
                 if not any(t is x for x in rec.inputs)}  # not the inputs an op updated
@@ -359,20 +360,22 @@ def _memory_scope(plan_memory: bool | str) -> str | None:
 
 
 def to_static(fn: Callable | Any = None, *args: Any, plan_memory: bool | str = "kernels",
-              **kwargs: Any):
+              recompute: bool = False, **kwargs: Any):
     """Capture ``fn`` (a step function, or a Layer's forward) into a program replayed on later
     calls (:class:`StaticFunction`). With Paddle's signature ``to_static(layer, loader, loss,
     optimizer)`` it returns a :class:`DistModel`. ``plan_memory``: ``"kernels"`` (the default) replays with
     every temporary whose kernel takes ``out=`` in a planned arena; ``"all"`` places every
     temporary there (the others copied in once); False allocates per kernel call as eager mode
-    does (:meth:`Program.memory_report`)."""
+    does (:meth:`Program.memory_report`). ``recompute=True`` runs cheap forward ops (elementwise
+    math, activations, layer_norm) again in the backward where that lets their outputs die at
+    the end of the forward (:mod:`disttensor.jit.remat`): less memory, a little more work."""
     if isinstance(fn, Layer) and (args or kwargs):
         return DistModel(fn, *args, **kwargs)
     if isinstance(fn, Layer):
-        return StaticFunction(fn.__call__, type(fn).__name__, plan_memory)
+        return StaticFunction(fn.__call__, type(fn).__name__, plan_memory, recompute)
     if not callable(fn):
         raise TypeError(f"to_static: expected a function or a Layer, got {type(fn).__name__}")
-    return StaticFunction(fn, plan_memory=plan_memory)
+    return StaticFunction(fn, plan_memory=plan_memory, recompute=recompute)
 
 
 class DistModel:

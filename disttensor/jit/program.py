@@ -35,6 +35,7 @@ from ..schema import DENSE_CTX
 from .buffers import MemoryPlan, plan_buffers, timeline
 from .memory import ALIGN, OverlapError
 from .plot import plot_arena
+from .remat import rematerialize
 
 __all__ = ["Value", "ProgramOp", "Program", "SubProgram", "InplaceChains", "build_program"]
 
@@ -167,6 +168,8 @@ class Program:
         self.guards: list = []                 # what a replay checks about the externals
         self.provisional: str | None = None    # why the program must be captured again
         self.plan_memory: str | None = "kernels"  # what replays in the arena (buffers.py)
+        self.recompute = False                 # rematerialize cheap forward values (remat.py)
+        self.recomputed: list[tuple[int, int]] = []  # (forward value, its backward copy)
         self.memory: MemoryPlan | None = None
         self.arena = None                      # the arena array while planned
         self._xp = np
@@ -183,6 +186,8 @@ class Program:
         """The forward and backward programs with their interfaces, their buffer plan and
         replay functions (computed once)."""
         if self.forward is None:
+            if self.recompute:
+                self.recomputed = rematerialize(self)
             self.forward, self.backward = _split(self)
             if self.plan_memory:
                 self.memory = plan_buffers(self, self.escaping(), self.plan_memory)

@@ -75,7 +75,7 @@ def _ufunc_kernel(ufunc):
 
 _INPLACE = ((0, 0),)
 _ARITH = dict(rule="elementwise", inplace=_INPLACE, accepts_out=True, reuse=(0, 1),
-              dtype=paddle_promote)
+              recompute=True, dtype=paddle_promote)
 register("add", _ufunc_kernel(np.add), backward=_add_bwd, no_need_buffer=(0, 1),
          rule_attrs={"linear": "add"}, **_ARITH)
 register("subtract", _ufunc_kernel(np.subtract), backward=_sub_bwd, no_need_buffer=(0, 1),
@@ -132,7 +132,7 @@ def _unary(name: str, kernel, grad_kernel=None, save: str = "out", linear: bool 
              save_inputs=(0,) if save == "x" and grad_kernel else (),
              save_outputs=(0,) if save == "out" and grad_kernel else (),
              inplace=_INPLACE if inplace else (), accepts_out=True, reuse=(0,),
-             dtype=dtype or same_dtype(0),
+             recompute=True, dtype=dtype or same_dtype(0),
              rule_attrs={"linear": "unary"} if linear else {})
 
 
@@ -200,19 +200,19 @@ def _gelu(xp, x, approximate=False, out=None):
 
 def _gelu_grad(xp, x, g, approximate=False, out=None):
     """``g * d gelu / dx``; ``out`` may be g itself. Exact: ``cdf(x) + x * pdf(x)``. Tanh:
-    ``0.5 * (1 + t) + 0.5 * x * (1 - t * t) * C * (1 + 3 * A * x * x)`` with t the tanh."""
-    if approximate:
+    ``0.5 * (1 + t) + 0.5 * x * (1 - t * t) * C * (1 + 3 * A * x * x)`` with t the tanh (two
+    temporaries the size of x)."""
+    if approximate:  # (1 + t) * (q * (1 - t) + 0.5) with q = 0.5 * x * C * (1 + 3 * A * x * x)
         t = _gelu_tanh(xp, x)
         d = xp.multiply(x, x, out=xp.empty_like(x))
         d *= 0.5 * _TANH_C * 3.0 * _TANH_A
         d += 0.5 * _TANH_C
         d *= x
-        sech2 = xp.multiply(t, t, out=xp.empty_like(t))
-        xp.subtract(1.0, sech2, out=sech2)
-        d *= sech2
-        t += 1.0
-        t *= 0.5
-        d += t
+        xp.subtract(1.0, t, out=t)
+        d *= t
+        d += 0.5
+        xp.subtract(2.0, t, out=t)
+        d *= t
     else:
         d = xp.multiply(x, x, out=xp.empty_like(x))
         d *= -0.5
@@ -314,7 +314,7 @@ _unary("relu", _relu, _times_g(lambda xp, out: out > 0), inplace=True)
 _unary("silu", _floating(_silu), _silu_grad, save="x", dtype=_FLOAT)
 register("gelu_grad", _gelu_grad, rule="elementwise", reuse=(1,), accepts_out=True)
 register("gelu", _floating(_gelu), backward=grad_op_backward("gelu_grad"), rule="elementwise",
-         save_inputs=(0,), reuse=(0,), dtype=_FLOAT, accepts_out=True)
+         save_inputs=(0,), reuse=(0,), dtype=_FLOAT, accepts_out=True, recompute=True)
 
 
 # -- scale, cast, clip, where ------------------------------------------------------------------

@@ -64,16 +64,18 @@ def _matmul_bwd(node, g):
         g_shape.append(1)
     g2 = reshape(g, g_shape) if g_shape != list(g.shape) else g
     gx = gy = None
-    if node.needs_grad(0):
-        gx = (matmul(y2, g2, ty, True) if tx else matmul(g2, y2, False, not ty))
-        gx = sum_to_shape(gx, x2.shape)
-        gx = reshape(gx, x.shape) if x.ndim == 1 else gx
+    # the weight's gradient first: a captured step can then free x (often recomputed, see
+    # disttensor.jit.remat) before x's own gradient is made
     if node.needs_grad(1):
         gy = _folded_weight_grad(x, g, tx, ty) if y.ndim == 2 else None
         if gy is None:
             gy = (matmul(g2, x2, True, tx) if ty else matmul(x2, g2, not tx, False))
             gy = sum_to_shape(gy, y2.shape)
         gy = reshape(gy, y.shape) if y.ndim == 1 else gy
+    if node.needs_grad(0):
+        gx = (matmul(y2, g2, ty, True) if tx else matmul(g2, y2, False, not ty))
+        gx = sum_to_shape(gx, x2.shape)
+        gx = reshape(gx, x.shape) if x.ndim == 1 else gx
     return gx, gy
 
 

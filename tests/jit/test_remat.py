@@ -1,0 +1,146 @@
+"""Rematerialization in captured steps (``to_static(..., recompute=True)``): cheap forward ops run
+again in the backward so their outputs die at the end of the forward.
+
+Oracles: a two-layer step's values and SGD updates written with numpy alone (the tanh GELU and
+its derivative by hand); train.py's models against their eager runs, bitwise."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import disttensor as dt
+import disttensor.nn.functional as F
+from disttensor.jit import verify
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+import train  # noqa: E402
+
+WORLD = dt.get_world_size()
+C, A = np.sqrt(2.0 / np.pi), 0.044715
+
+
+def _gelu_np(u):
+    return 0.5 * u * (1.0 + np.tanh(C * (u + A * u ** 3)))
+
+
+def _gelu_grad_np(u):
+    t = np.tanh(C * (u + A * u ** 3))
+    return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t ** 2) * C * (1.0 + 3.0 * A * u ** 2)
+
+
+def _two_layer(recompute: bool, dropout: float = 0.0):
+    rng = np.random.default_rng(3)
+    w1, w2 = rng.standard_normal((16, 32)), rng.standard_normal((32, 4)) * 0.3
+    p1 = dt.create_parameter([16, 32], "float64")
+    p2 = dt.create_parameter([32, 4], "float64")
+    p1.set_value(w1)
+    p2.set_value(w2)
+    opt = dt.optimizer.SGD(learning_rate=0.1, parameters=[p1, p2])
+
+    def step(x):
+        u = dt.matmul(x, p1)
+        if dropout:  # gelu's input is then a random op's output
+            u = F.dropout(u, dropout)
+        h = F.gelu(u, approximate=True)
+        loss = dt.matmul(h, p2).sum()
+        loss.backward()
+        opt.step()
+        opt.clear_grad(set_to_zero=False)
+        return loss
+    return dt.jit.to_static(step, recompute=recompute), (p1, p2), (w1, w2)
+
+
+def test_a_recomputed_gelu_gives_numpys_values_and_updates():
+    step, (p1, p2), (w1, w2) = _two_layer(recompute=True)
+    x = np.random.default_rng(4).standard_normal((8, 16))
+    for _ in range(3):
+        loss = step(dt.to_tensor(x))
+        u = x @ w1
+        h = _gelu_np(u)
+        np.testing.assert_allclose(loss.numpy(), (h @ w2).sum(), rtol=1e-12)
+        g_w2 = h.T @ np.ones((8, 4))
+        g_w1 = x.T @ ((np.ones((8, 4)) @ w2.T) * _gelu_grad_np(u))
+        w1, w2 = w1 - 0.1 * g_w1, w2 - 0.1 * g_w2
+        np.testing.assert_allclose(p1.numpy(), w1, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(p2.numpy(), w2, rtol=1e-10, atol=1e-12)
+    prog = step.program
+    assert step.captures == 1
+    (m, copy), = prog.recomputed   # gelu's output, read by p2's gradient
+    assert prog.values[m].shape == (8, 32)
+    recomputing = [op for op in prog.backward.ops if copy in op.outs]
+    assert [op.name for op in recomputing] == ["gelu"]
+    assert "recomputes #" in str(prog)
+    # the forward's gelu output is no middle any more: it dies inside the forward
+    assert m not in prog.forward.outputs["middles"]
+    n_fwd = sum(len(op.steps) for op in prog.forward.ops)
+    assert prog.memory.last[m] < n_fwd <= prog.memory.first[copy]
+    verify(prog, prog.memory)
+
+
+def test_without_recompute_the_gelu_output_is_a_middle():
+    step, _, _ = _two_layer(recompute=False)
+    step(dt.to_tensor(np.ones((8, 16))))
+    prog = step.program
+    assert prog.recomputed == []
+    gelu = next(op for op in prog.forward.ops if op.name == "gelu")
+    assert gelu.outs[0] in prog.forward.outputs["middles"]
+
+
+def test_a_random_op_is_never_recomputed_and_the_masks_match_eager():
+    x = np.random.default_rng(5).standard_normal((8, 16))
+    results = []
+    for recompute in (False, True):
+        dt.seed(11)
+        step, params, _ = _two_layer(recompute=recompute, dropout=0.5)
+        losses = [float(step(dt.to_tensor(x)).numpy()) for _ in range(3)]
+        results.append((losses, [p.numpy() for p in params], step.program))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_array_equal(a, b)
+    prog = results[1][2]
+    by_value = {v: op for op in prog.ops for v in op.outs}
+    assert [by_value[m].name for m, _ in prog.recomputed] == ["gelu"]  # from the kept mask
+    dropout = next(op for op in prog.forward.ops if op.name == "dropout")
+    assert dropout.outs[0] in prog.forward.outputs["middles"]  # read by gelu's gradient
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scope", ["kernels", "all"])
+@pytest.mark.parametrize("model_name", ["mlp", "gpt"])
+def test_recomputed_train_steps_equal_eager_and_hold_less(model_name, scope, comm):
+    mesh = train.default_mesh(WORLD)
+
+    def run(recompute, captured=True):
+        model, opt, batches = train.build(model_name, 7, mesh, batch=32, size="large")
+        step = (lambda x, y: train.train_step(model, opt, x, y))
+        if captured:
+            step = dt.jit.to_static(step, plan_memory=scope, recompute=recompute)
+        losses = [float(step(*train.to_tensors(*batches[k % 4], mesh)).numpy())
+                  for k in range(5)]
+        return losses, {k: v.numpy() for k, v in model.state_dict().items()}, step
+    eager = run(False, captured=False)
+    plain = run(False)
+    remat = run(True)
+    assert remat[0] == eager[0]
+    for k in eager[1]:
+        np.testing.assert_array_equal(remat[1][k], eager[1][k], err_msg=k)
+    prog = remat[2].program
+    verify(prog, prog.memory)
+    report = prog.memory_report()
+    # the heuristics reach 1.01x of the bound on the recomputed programs in the default scope;
+    # with every temporary placed ("all") they stop at 1.012-1.018x on the GPT (an optimal
+    # placement may lie above the bound: it is a bound, not an achievable size)
+    tight = 1.01 if scope == "kernels" else 1.02
+    assert report["lower_bound_bytes"] <= report["arena_bytes"] <= tight * report["lower_bound_bytes"]
+    if model_name == "gpt":  # gelu (and layer_norm where no collective sits in it)
+        names = {op.name for op in prog.backward.ops if "recomputes #" in op.attrs}
+        assert "gelu" in names
+        if scope == "all":  # every temporary is in the arena: the whole step's bound shrinks
+            before = plain[2].program.memory_report()["lower_bound_bytes"]
+            assert report["lower_bound_bytes"] < 0.9 * before
+    else:  # the MLP's middles are matmul and batch_norm outputs: nothing cheap to recompute
+        assert prog.recomputed == []
