@@ -31,23 +31,26 @@ Notation = Sequence["Hashable | None"]
 def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAttr | None],
                     exclude: Iterable[int] = (),
                     shapes: Sequence[Sequence[int] | None] | None = None,
-                    partials: Sequence[Iterable[tuple[int, ReduceType]]] | None = None
-                    ) -> dict[Hashable, tuple[int, ...]]:
-    """Label -> mesh dims sharding it (split order: ascending). Mesh dims in ``exclude`` are
-    never used (e.g. mesh dims on which a kept Partial lives).
+                    partials: Sequence[Iterable[tuple[int, ReduceType]]] | None = None,
+                    free_labels: Iterable[Hashable] = ()) -> dict[Hashable, tuple[int, ...]]:
+    """Label -> mesh dims sharding it (in split order). Mesh dims in ``exclude`` are never used
+    (e.g. mesh dims on which a kept Partial lives).
 
     Without ``shapes``: the first input that shards a label decides it. With the inputs' global
     ``shapes``: the first-wins map when it moves nothing, else the map whose reshards move the
     fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`), searched over every
-    assignment of the mesh dims the inputs shard to the labels (or to none): a mesh dim on a
-    dim that cannot stay sharded moves to another dim by an all-to-all when that beats the
-    all-gather (layer_norm of ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties go
-    to the map that shards more, then to the first-wins map. Other mesh dims (free ones, and
-    those of a Partial being resolved) are never added: that is free or cheaper here but changes
-    what every later op and gradient receives (a tensor-parallel GPT's weight gradients stopped
-    arriving as bucketable Partials when it was tried). ``partials[i]``: the partial input i
-    keeps (the rest of its Partial is resolved), so the cost counts the right steps (a Shard
-    becoming a kept Partial is free)."""
+    assignment of mesh dims to the labels (or to none), in every split order: the mesh dims the
+    inputs shard (a mesh dim on a dim that cannot stay sharded moves to another dim by an
+    all-to-all when that beats the all-gather: layer_norm of ``[S(0), S(1)]`` normalized from
+    dim 1 co-shards dim 0), and the free mesh dims on ``free_labels`` (labels every output
+    keeps; slicing is free: ``[S(0),R] + [S(1),R]`` co-shards dim 0 over both mesh dims for the
+    all-to-all it needs anyway; on a contracted label a free mesh dim would cost an unseen
+    reduction of the output). Ties go to the map
+    that shards more, then to the first-wins map, then to the first candidate (the inputs'
+    order). Mesh dims of a Partial input being resolved are not added (its all-reduce is what
+    the first-wins map pays). ``partials[i]``: the partial input i keeps (the rest of its
+    Partial is resolved), so the cost counts the right steps (a Shard becoming a kept Partial
+    is free)."""
     order = [i for i, (n, a) in enumerate(zip(notations, attrs)) if n is not None and a is not None]
     excluded = frozenset(exclude)
     first = _first_wins(notations, attrs, excluded, order)
@@ -58,16 +61,26 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
     if not first_cost:  # nothing moves
         return first
     labels = list(dict.fromkeys(lab for i in order for lab in notations[i] if lab is not None))
-    mesh_dims = sorted({m for i in order for m in attrs[i].sharded_mesh_dims()} - excluded)
+    # the inputs' mesh dims in the order they split (so the first candidate keeps an input's
+    # co-shard order), then the free ones; resolved Partials' mesh dims are never added
+    sharded = [m for i in order for dm in attrs[i].dims_mapping for m in dm]
+    used = set(sharded) | {m for i in order for m in attrs[i].partial_dims()}
+    free = [m for m in range(len(attrs[order[0]].mesh_shape)) if m not in used | excluded]
+    free_ok = frozenset(free_labels)
+    mesh_dims = [m for m in dict.fromkeys(sharded) if m not in excluded] + free
+    options = [[None] + (labels if m not in free else [lab for lab in labels if lab in free_ok])
+               for m in mesh_dims]
     best_key, best = (first_cost, -_n_used(first), 0), first
-    for choice in itertools.product([None] + labels, repeat=len(mesh_dims)):
-        merged: dict[Hashable, tuple[int, ...]] = {}
+    for choice in itertools.product(*options):
+        groups: dict[Hashable, list[int]] = {}
         for m, lab in zip(mesh_dims, choice):
             if lab is not None:
-                merged[lab] = merged.get(lab, ()) + (m,)
-        key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
-        if key < best_key:
-            best_key, best = key, merged
+                groups.setdefault(lab, []).append(m)
+        for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
+            merged = dict(zip(groups, orders))
+            key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
+            if key < best_key:
+                best_key, best = key, merged
     return best
 
 
