@@ -16,14 +16,14 @@ dim, a normalized axis, a tiled axis...). Labels are any hashable values (letter
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 from .dist_attr import DistAttr
 from .placement import LINEAR_REDUCE_TYPES, ReduceType
 from .redistribute import reshard_cost
 
 __all__ = ["Notation", "merge_shardings", "layout", "contracted_partial", "broadcast_notations",
-           "linear_partial", "keep_cheapest"]
+           "linear_partial", "keep_cheapest", "assignments"]
 
 Notation = Sequence["Hashable | None"]
 
@@ -71,17 +71,25 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
     options = [[None] + (labels if m not in free else [lab for lab in labels if lab in free_ok])
                for m in mesh_dims]
     best_key, best = (first_cost, -_n_used(first), 0), first
+    for merged in assignments(mesh_dims, options):
+        key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
+        if key < best_key:
+            best_key, best = key, merged
+    return best
+
+
+def assignments(mesh_dims: Sequence[int], options: Sequence[Sequence["Hashable | None"]]
+                ) -> Iterator[dict[Hashable, tuple[int, ...]]]:
+    """Every map label -> mesh dims (in split order) that gives ``mesh_dims[k]`` to one of
+    ``options[k]`` (None: to no label), in every split order of the mesh dims one label gets
+    (the order ``mesh_dims`` lists them first)."""
     for choice in itertools.product(*options):
         groups: dict[Hashable, list[int]] = {}
         for m, lab in zip(mesh_dims, choice):
             if lab is not None:
                 groups.setdefault(lab, []).append(m)
         for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
-            merged = dict(zip(groups, orders))
-            key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
-            if key < best_key:
-                best_key, best = key, merged
-    return best
+            yield dict(zip(groups, orders))
 
 
 def _first_wins(notations, attrs, excluded, order) -> dict[Hashable, tuple[int, ...]]:
