@@ -38,19 +38,22 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
 
     Without ``shapes``: the first input that shards a label decides it. With the inputs' global
     ``shapes``: the first-wins map when it moves nothing, else the map whose reshards move the
-    fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`), searched over every
-    assignment of mesh dims to the labels (or to none), in every split order: the mesh dims the
-    inputs shard (a mesh dim on a dim that cannot stay sharded moves to another dim by an
-    all-to-all when that beats the all-gather: layer_norm of ``[S(0), S(1)]`` normalized from
-    dim 1 co-shards dim 0), and the free mesh dims on ``free_labels`` (labels every output
-    keeps; slicing is free: ``[S(0),R] + [S(1),R]`` co-shards dim 0 over both mesh dims for the
-    all-to-all it needs anyway; on a contracted label a free mesh dim would cost an unseen
-    reduction of the output). Ties go to the map
-    that shards more, then to the first-wins map, then to the first candidate (the inputs'
-    order). Mesh dims of a Partial input being resolved are not added (its all-reduce is what
-    the first-wins map pays). ``partials[i]``: the partial input i keeps (the rest of its
-    Partial is resolved), so the cost counts the right steps (a Shard becoming a kept Partial
-    is free)."""
+    fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`):
+
+    1. every assignment of the mesh dims the inputs shard to the labels (or to none), in every
+       split order: a mesh dim on a dim that cannot stay sharded moves to another dim by an
+       all-to-all when that beats the all-gather (layer_norm of ``[S(0), S(1)]`` normalized
+       from dim 1 co-shards dim 0);
+    2. then each free mesh dim (no input uses it) innermost on each of ``free_labels`` (labels
+       every output keeps), where that moves no more bytes: slicing is free, so ``[S(0),R] +
+       [S(1),R]`` co-shards dim 0 over both mesh dims for the all-to-all it needs anyway. On a
+       contracted label a free mesh dim would make the output Partial, a cost this input-side
+       model does not see, hence the opt-in.
+
+    Ties go to the map that shards more, then to the first-wins map, then to the first
+    candidate (the inputs' own order). Mesh dims of a Partial input being resolved are not
+    added. ``partials[i]``: the partial input i keeps (the rest of its Partial is resolved), so
+    the cost counts the right steps (a Shard becoming a kept Partial is free)."""
     order = [i for i, (n, a) in enumerate(zip(notations, attrs)) if n is not None and a is not None]
     excluded = frozenset(exclude)
     first = _first_wins(notations, attrs, excluded, order)
@@ -62,19 +65,26 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
         return first
     labels = list(dict.fromkeys(lab for i in order for lab in notations[i] if lab is not None))
     # the inputs' mesh dims in the order they split (so the first candidate keeps an input's
-    # co-shard order), then the free ones; resolved Partials' mesh dims are never added
+    # co-shard order); resolved Partials' mesh dims are never added
     sharded = [m for i in order for dm in attrs[i].dims_mapping for m in dm]
     used = set(sharded) | {m for i in order for m in attrs[i].partial_dims()}
-    free = [m for m in range(len(attrs[order[0]].mesh_shape)) if m not in used | excluded]
-    free_ok = frozenset(free_labels)
-    mesh_dims = [m for m in dict.fromkeys(sharded) if m not in excluded] + free
-    options = [[None] + (labels if m not in free else [lab for lab in labels if lab in free_ok])
-               for m in mesh_dims]
+    mesh_dims = [m for m in dict.fromkeys(sharded) if m not in excluded]
     best_key, best = (first_cost, -_n_used(first), 0), first
-    for merged in assignments(mesh_dims, options):
+    for merged in assignments(mesh_dims, [[None] + labels] * len(mesh_dims)):
         key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
         if key < best_key:
             best_key, best = key, merged
+    # then each free mesh dim, innermost on the free label where it moves no more bytes
+    free_ok = [lab for lab in labels if lab in frozenset(free_labels)]
+    for m in range(len(attrs[order[0]].mesh_shape)):
+        if m in used or m in excluded:
+            continue
+        base = best
+        for lab in free_ok:
+            merged = {**base, lab: base.get(lab, ()) + (m,)}
+            key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
+            if key < best_key:
+                best_key, best = key, merged
     return best
 
 
