@@ -28,8 +28,8 @@ class DistAttr:
     """Layout of one tensor on a mesh of shape ``mesh_shape``.
 
     ``dims_mapping[d]``: the mesh dims sharding tensor dim ``d`` in split order (outermost
-    first; any order), ``()`` when not sharded. ``partial``: sorted ``(mesh_dim, ReduceType)`` pairs. A mesh
-    dim appears at most once overall.
+    first; any order), ``()`` when not sharded. ``partial``: sorted ``(mesh_dim, ReduceType)``
+    pairs. A mesh dim appears at most once overall.
     """
 
     mesh_shape: tuple[int, ...]

@@ -51,8 +51,8 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
 
     Shardings of the same output axis are merged across inputs at the fewest bytes moved
     (:func:`~spmd_rules.einsum.merge_shardings`; a mesh dim no input uses may co-shard an
-    output axis when that is free: ``[S(0),R] + [S(1),R]`` on 2x2 -> ``[S(0),S(0)]``); a size-1 dim
-    broadcast against a larger one is required Replicate. Partial inputs are resolved (required
+    output axis when that is free: ``[S(0),R] + [S(1),R]`` on 2x2 -> ``[S(0),S(0)]``); a
+    size-1 dim broadcast against a larger one is required Replicate. Partial inputs are resolved (required
     non-partial) unless ``attrs["linear"]`` allows keeping them:
 
     - ``"add"`` (add, subtract): the Partial inputs share one partial of sum/avg -> the output
