@@ -1,8 +1,9 @@
 """DistAttr (the rules' view of a layout) and the uneven split arithmetic.
 
-A tensor dim of size N sharded by mesh dims (m0, m1, ...) is split *nested*: numpy.array_split
-into ``mesh_shape[m0]`` pieces and take piece ``coord[m0]``, split that piece into
-``mesh_shape[m1]`` pieces and take piece ``coord[m1]``, and so on. The first ``N mod n`` pieces
+A tensor dim of size N sharded by mesh dims (m0, m1, ...) — in that *split order*, any order of
+distinct mesh dims — is split *nested*: numpy.array_split into ``mesh_shape[m0]`` pieces and take
+piece ``coord[m0]``, split that piece into ``mesh_shape[m1]`` pieces and take piece
+``coord[m1]``, and so on. The first ``N mod n`` pieces
 get one extra element; pieces may be empty. Partial mesh dims do not change shapes.
 """
 from __future__ import annotations
@@ -26,9 +27,9 @@ def _norm_partial(partial: PartialSpec) -> tuple[tuple[int, ReduceType], ...]:
 class DistAttr:
     """Layout of one tensor on a mesh of shape ``mesh_shape``.
 
-    ``dims_mapping[d]``: the mesh dims sharding tensor dim ``d`` in split order (ascending mesh-dim
-    index), ``()`` when not sharded. ``partial``: sorted ``(mesh_dim, ReduceType)`` pairs. A mesh
-    dim appears at most once overall.
+    ``dims_mapping[d]``: the mesh dims sharding tensor dim ``d`` in split order (outermost
+    first; any order), ``()`` when not sharded. ``partial``: sorted ``(mesh_dim, ReduceType)``
+    pairs. A mesh dim appears at most once overall.
     """
 
     mesh_shape: tuple[int, ...]
@@ -51,9 +52,6 @@ class DistAttr:
         if len(set(used)) != len(used):
             raise ValueError(f"DistAttr: a mesh dim is used twice in dims_mapping={dims_mapping}, "
                              f"partial={partial}")
-        if any(list(dm) != sorted(dm) for dm in dims_mapping):
-            raise ValueError(f"DistAttr(dims_mapping): mesh dims of a tensor dim must be ascending "
-                             f"(split order), got {dims_mapping}")
 
     @property
     def ndim(self) -> int:
@@ -66,30 +64,46 @@ class DistAttr:
     @classmethod
     def from_placements(cls, placements: Sequence[Placement], ndim: int,
                         mesh_shape: Sequence[int]) -> "DistAttr":
-        """One placement per mesh dim; negative Shard dims are normalized."""
+        """One placement per mesh dim; negative Shard dims are normalized. The mesh dims
+        sharding one tensor dim split in ``shard_order`` order when their Shards give one,
+        else in ascending mesh-dim order."""
         placements = list(placements)
         if len(placements) != len(mesh_shape):
             raise ValueError(f"placements {placements} must have one entry per mesh dim "
                              f"(mesh shape {list(mesh_shape)})")
-        mapping: list[list[int]] = [[] for _ in range(ndim)]
+        shards: list[list[tuple[int | None, int]]] = [[] for _ in range(ndim)]
         partial = []
         for m, p in enumerate(placements):
             if isinstance(p, Shard):
                 if not -ndim <= p.dim < ndim:
                     raise ValueError(f"placements {placements}: Shard dim {p.dim} out of range "
                                      f"for a tensor of ndim {ndim}")
-                mapping[p.dim % ndim].append(m)
+                shards[p.dim % ndim].append((p.shard_order, m))
             elif isinstance(p, Partial):
                 partial.append((m, p.reduce_type))
             elif not isinstance(p, Replicate):
                 raise ValueError(f"placements {placements}: {p!r} is not a Shard, Replicate or Partial")
-        return cls(tuple(mesh_shape), tuple(tuple(dm) for dm in mapping), tuple(partial))
+        mapping = []
+        for d, pairs in enumerate(shards):
+            orders = [o for o, _ in pairs]
+            if all(o is None for o in orders):
+                mapping.append(tuple(m for _, m in pairs))
+            elif sorted(orders, key=lambda o: -1 if o is None else o) != list(range(len(pairs))):
+                raise ValueError(f"placements {placements}: the Shards of tensor dim {d} give "
+                                 f"shard_order {orders}; give every one of them a distinct "
+                                 f"order 0..{len(pairs) - 1}, or none")
+            else:
+                mapping.append(tuple(m for _, m in sorted(pairs)))
+        return cls(tuple(mesh_shape), tuple(mapping), tuple(partial))
 
     def to_placements(self) -> list[Placement]:
+        """One placement per mesh dim; a co-sharded tensor dim whose split order is not the
+        ascending mesh-dim order carries ``shard_order`` on each of its Shards."""
         out: list[Placement] = [Replicate() for _ in self.mesh_shape]
         for d, dm in enumerate(self.dims_mapping):
-            for m in dm:
-                out[m] = Shard(d)
+            ordered = list(dm) != sorted(dm)
+            for k, m in enumerate(dm):
+                out[m] = Shard(d, k) if ordered else Shard(d)
         for m, r in self.partial:
             out[m] = Partial(r)
         return out

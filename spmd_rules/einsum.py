@@ -16,14 +16,14 @@ dim, a normalized axis, a tiled axis...). Labels are any hashable values (letter
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 from .dist_attr import DistAttr
 from .placement import LINEAR_REDUCE_TYPES, ReduceType
 from .redistribute import reshard_cost
 
 __all__ = ["Notation", "merge_shardings", "layout", "contracted_partial", "broadcast_notations",
-           "linear_partial", "keep_cheapest"]
+           "linear_partial", "keep_cheapest", "assignments"]
 
 Notation = Sequence["Hashable | None"]
 
@@ -31,23 +31,29 @@ Notation = Sequence["Hashable | None"]
 def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAttr | None],
                     exclude: Iterable[int] = (),
                     shapes: Sequence[Sequence[int] | None] | None = None,
-                    partials: Sequence[Iterable[tuple[int, ReduceType]]] | None = None
-                    ) -> dict[Hashable, tuple[int, ...]]:
-    """Label -> mesh dims sharding it (split order: ascending). Mesh dims in ``exclude`` are
-    never used (e.g. mesh dims on which a kept Partial lives).
+                    partials: Sequence[Iterable[tuple[int, ReduceType]]] | None = None,
+                    free_labels: Iterable[Hashable] = ()) -> dict[Hashable, tuple[int, ...]]:
+    """Label -> mesh dims sharding it (in split order). Mesh dims in ``exclude`` are never used
+    (e.g. mesh dims on which a kept Partial lives).
 
     Without ``shapes``: the first input that shards a label decides it. With the inputs' global
     ``shapes``: the first-wins map when it moves nothing, else the map whose reshards move the
-    fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`), searched over every
-    assignment of the mesh dims the inputs shard to the labels (or to none): a mesh dim on a
-    dim that cannot stay sharded moves to another dim by an all-to-all when that beats the
-    all-gather (layer_norm of ``[S(0), S(1)]`` normalized from dim 1 co-shards dim 0). Ties go
-    to the map that shards more, then to the first-wins map. Other mesh dims (free ones, and
-    those of a Partial being resolved) are never added: that is free or cheaper here but changes
-    what every later op and gradient receives (a tensor-parallel GPT's weight gradients stopped
-    arriving as bucketable Partials when it was tried). ``partials[i]``: the partial input i
-    keeps (the rest of its Partial is resolved), so the cost counts the right steps (a Shard
-    becoming a kept Partial is free)."""
+    fewest bytes (:func:`~spmd_rules.redistribute.reshard_cost`):
+
+    1. every assignment of the mesh dims the inputs shard to the labels (or to none), in every
+       split order: a mesh dim on a dim that cannot stay sharded moves to another dim by an
+       all-to-all when that beats the all-gather (layer_norm of ``[S(0), S(1)]`` normalized
+       from dim 1 co-shards dim 0);
+    2. then each free mesh dim (no input uses it) innermost on each of ``free_labels`` (labels
+       every output keeps), where that moves no more bytes: slicing is free, so ``[S(0),R] +
+       [S(1),R]`` co-shards dim 0 over both mesh dims for the all-to-all it needs anyway. On a
+       contracted label a free mesh dim would make the output Partial, a cost this input-side
+       model does not see, hence the opt-in.
+
+    Ties go to the map that shards more, then to the first-wins map, then to the first
+    candidate (the inputs' own order). Mesh dims of a Partial input being resolved are not
+    added. ``partials[i]``: the partial input i keeps (the rest of its Partial is resolved), so
+    the cost counts the right steps (a Shard becoming a kept Partial is free)."""
     order = [i for i, (n, a) in enumerate(zip(notations, attrs)) if n is not None and a is not None]
     excluded = frozenset(exclude)
     first = _first_wins(notations, attrs, excluded, order)
@@ -58,17 +64,42 @@ def merge_shardings(notations: Sequence[Notation | None], attrs: Sequence[DistAt
     if not first_cost:  # nothing moves
         return first
     labels = list(dict.fromkeys(lab for i in order for lab in notations[i] if lab is not None))
-    mesh_dims = sorted({m for i in order for m in attrs[i].sharded_mesh_dims()} - excluded)
+    # the inputs' mesh dims in the order they split (so the first candidate keeps an input's
+    # co-shard order); resolved Partials' mesh dims are never added
+    sharded = [m for i in order for dm in attrs[i].dims_mapping for m in dm]
+    used = set(sharded) | {m for i in order for m in attrs[i].partial_dims()}
+    mesh_dims = [m for m in dict.fromkeys(sharded) if m not in excluded]
     best_key, best = (first_cost, -_n_used(first), 0), first
-    for choice in itertools.product([None] + labels, repeat=len(mesh_dims)):
-        merged: dict[Hashable, tuple[int, ...]] = {}
-        for m, lab in zip(mesh_dims, choice):
-            if lab is not None:
-                merged[lab] = merged.get(lab, ()) + (m,)
+    for merged in assignments(mesh_dims, [[None] + labels] * len(mesh_dims)):
         key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
         if key < best_key:
             best_key, best = key, merged
+    # then each free mesh dim, innermost on the free label where it moves no more bytes
+    free_ok = [lab for lab in labels if lab in frozenset(free_labels)]
+    for m in range(len(attrs[order[0]].mesh_shape)):
+        if m in used or m in excluded:
+            continue
+        base = best
+        for lab in free_ok:
+            merged = {**base, lab: base.get(lab, ()) + (m,)}
+            key = (_cost(merged, notations, attrs, shapes, order, kept), -_n_used(merged), 1)
+            if key < best_key:
+                best_key, best = key, merged
     return best
+
+
+def assignments(mesh_dims: Sequence[int], options: Sequence[Sequence["Hashable | None"]]
+                ) -> Iterator[dict[Hashable, tuple[int, ...]]]:
+    """Every map label -> mesh dims (in split order) that gives ``mesh_dims[k]`` to one of
+    ``options[k]`` (None: to no label), in every split order of the mesh dims one label gets
+    (the order ``mesh_dims`` lists them first)."""
+    for choice in itertools.product(*options):
+        groups: dict[Hashable, list[int]] = {}
+        for m, lab in zip(mesh_dims, choice):
+            if lab is not None:
+                groups.setdefault(lab, []).append(m)
+        for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
+            yield dict(zip(groups, orders))
 
 
 def _first_wins(notations, attrs, excluded, order) -> dict[Hashable, tuple[int, ...]]:

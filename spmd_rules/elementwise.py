@@ -49,8 +49,10 @@ def _kept_partials(op: str, metas: Sequence[TensorMeta], attrs: Mapping[str, Any
 def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
     """n inputs broadcast numpy-style -> one output of the broadcast shape.
 
-    Shardings of the same output axis are merged across inputs (first input wins); a size-1 dim
-    broadcast against a larger one is required Replicate. Partial inputs are resolved (required
+    Shardings of the same output axis are merged across inputs at the fewest bytes moved
+    (:func:`~spmd_rules.einsum.merge_shardings`; a mesh dim no input uses may co-shard an
+    output axis when that is free: ``[S(0),R] + [S(1),R]`` on 2x2 -> ``[S(0),S(0)]``); a
+    size-1 dim broadcast against a larger one is required Replicate. Partial inputs are resolved (required
     non-partial) unless ``attrs["linear"]`` allows keeping them:
 
     - ``"add"`` (add, subtract): the Partial inputs share one partial of sum/avg -> the output
@@ -74,7 +76,7 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     kept, out_partial = _kept_partials(op, metas, attrs)
     exclude = {m for p in kept for m, _ in p}
     merged = merge_shardings(notations, [m.dist_attr for m in metas], exclude,
-                             [m.shape for m in metas], kept)
+                             [m.shape for m in metas], kept, free_labels=range(len(out_shape)))
     inputs = tuple(layout(n, merged, mesh, p) for n, p in zip(notations, kept))
     out = layout(range(len(out_shape)), merged, mesh, out_partial)
     return SpmdResult(inputs, (TensorMeta(out_shape, out),) * int(attrs.get("num_outputs", 1)))

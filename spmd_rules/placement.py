@@ -53,15 +53,26 @@ class Placement:
         return False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Shard(Placement):
-    """The mesh dim splits tensor dim ``dim`` (numpy.array_split, uneven allowed)."""
+    """The mesh dim splits tensor dim ``dim`` (numpy.array_split, uneven allowed).
+
+    ``shard_order`` (Paddle's co-shard order) says where this mesh dim's split comes when
+    several mesh dims shard the same tensor dim: 0 splits the whole dim, 1 splits each of those
+    pieces, and so on. Either every Shard of one tensor dim gives it (a permutation of
+    0..k-1) or none does (then mesh dims split in ascending mesh-dim order, the default).
+    ``[Shard(0, shard_order=1), Shard(0, shard_order=0)]`` on a [dp, tp] mesh splits dim 0
+    over tp first and each tp piece over dp (the FSDP-over-TP layout)."""
 
     dim: int
+    shard_order: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int):
             raise ValueError(f"Shard(dim): dim must be an int, got {self.dim!r}")
+        o = self.shard_order
+        if o is not None and (isinstance(o, bool) or not isinstance(o, int) or o < 0):
+            raise ValueError(f"Shard(shard_order): must be None or an int >= 0, got {o!r}")
 
     def is_shard(self, dim: int | None = None) -> bool:
         return dim is None or dim == self.dim
@@ -69,6 +80,11 @@ class Shard(Placement):
     def get_dim(self) -> int:
         """The tensor dim this placement splits (Paddle's ``Shard.get_dim``)."""
         return self.dim
+
+    def __repr__(self) -> str:
+        if self.shard_order is None:
+            return f"Shard(dim={self.dim})"
+        return f"Shard(dim={self.dim}, shard_order={self.shard_order})"
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ one collective per changed mesh dim:
 1. partial mesh dims: P→S by reduce-scatter when the target shard can be cut from the current
    piece, P(sum)↔P(avg) by a local scale, otherwise P→R by all-reduce; then a tensor dim whose
    only sharding mesh dim a the target replaces by an unused mesh dim b of the same size moves
-   by one pairwise exchange (``[S(0), R] -> [R, S(0)]``: rank (i, j) swaps with (j, i));
+   by one pairwise exchange (``[S(0), R] -> [R, S(0)]``: rank (i, j) swaps with (j, i)), and a
+   co-sharded dim whose split order the target permutes (mesh dims of one size) by one
+   exchange per transposition;
 2. sharded mesh dims that the target does not keep (it keeps the common prefix of each tensor
    dim's split order), innermost first: S→S' by all-to-all when the target shard can be cut
    from the current piece, S→P locally when the target makes that mesh dim Partial (the own
@@ -39,9 +41,9 @@ _COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a plan. ``kind`` is a collective name, ``swap`` (a pairwise exchange: a
-    tensor dim's sharding moves from mesh dim ``mesh_dim`` to mesh dim ``split_dim`` of the same
-    size), ``slice``, ``scale_partial``, ``to_partial``, ``shard_to_partial`` or ``send_recv``;
+    """One step of a plan. ``kind`` is a collective name, ``swap`` (a pairwise exchange that
+    renames mesh dims ``mesh_dim`` and ``split_dim``, of one size, in tensor dim ``tensor_dim``'s
+    sharding), ``slice``, ``scale_partial``, ``to_partial``, ``shard_to_partial`` or ``send_recv``;
     ``bytes_per_rank`` is the largest local input it moves."""
 
     kind: str
@@ -73,13 +75,14 @@ class Step:
 
     def describe(self) -> str:
         where = f"mesh dim {self.mesh_dim}" if self.mesh_dim is not None else "across meshes"
+        if self.kind == "swap":
+            where = f"mesh dims {self.mesh_dim} and {self.split_dim}"
         what = {
             "all_reduce": f"all-reduce ({self.reduce_type})",
             "all_gather": f"all-gather tensor dim {self.tensor_dim}",
             "reduce_scatter": f"reduce-scatter ({self.reduce_type}) tensor dim {self.tensor_dim}",
             "all_to_all": f"all-to-all split dim {self.split_dim} -> concat dim {self.tensor_dim}",
-            "swap": f"pairwise exchange moving tensor dim {self.tensor_dim} to mesh dim "
-                    f"{self.split_dim}",
+            "swap": f"pairwise exchange (tensor dim {self.tensor_dim})",
             "slice": f"local slice of tensor dim {self.tensor_dim}",
             "scale_partial": f"local rescale Partial -> Partial({self.reduce_type})",
             "to_partial": f"local Replicate -> Partial({self.reduce_type})",
@@ -196,20 +199,32 @@ def plan_same_mesh(shape: tuple[int, ...], itemsize: int, src: DistAttr, dst: Di
         else:
             done("all_reduce", before, mesh_dim=m, reduce_type=r.value)
 
-    # 1b. a tensor dim sharded by mesh dim a alone that the target shards first by mesh dim b
-    # of the same size (b unused, a not kept on it): the rank at coordinate c needs exactly the
-    # piece held at c with its a and b coordinates exchanged -> one pairwise exchange
+    # 1b. pairwise exchanges: renaming two mesh dims a, b of one size in the layout is the
+    # exchange in which the rank at coordinate c takes the piece held at c with its a and b
+    # coordinates swapped. Used (a) for a tensor dim sharded by a alone that the target shards
+    # first by an unused b ([S(0), R] -> [R, S(0)]), (b) to reorder a co-sharded dim's split
+    # order ([S(0), S(0)] -> the same with shard_order (1, 0)), one transposition at a time
     for d in range(len(shape)):
         cur, target = st.dims[d], dst_n.dims_mapping[d]
-        if len(cur) != 1 or not target or target[0] == cur[0] or cur[0] in target:
-            continue
-        a, b = cur[0], target[0]
         in_use = {m for dm in st.dims for m in dm} | set(st.partial)
-        if b in in_use or st.mesh_shape[a] != st.mesh_shape[b]:
+        if len(cur) == 1 and target and target[0] != cur[0] and cur[0] not in target \
+                and target[0] not in in_use and st.mesh_shape[cur[0]] == st.mesh_shape[target[0]]:
+            before = st.freeze()
+            a, st.dims[d] = cur[0], [target[0]]
+            done("swap", before, mesh_dim=a, tensor_dim=d, split_dim=target[0])
             continue
-        before = st.freeze()
-        st.dims[d] = [b]
-        done("swap", before, mesh_dim=a, tensor_dim=d, split_dim=b)
+        if len(cur) < 2 or sorted(cur) != sorted(target[:len(cur)]):
+            continue
+        for k in range(len(cur)):
+            a, b = cur[k], target[k]
+            if a == b:
+                continue
+            if st.mesh_shape[a] != st.mesh_shape[b]:
+                break
+            before = st.freeze()
+            j = cur.index(b)
+            cur[k], cur[j] = b, a
+            done("swap", before, mesh_dim=a, tensor_dim=d, split_dim=b)
 
     # 2. unshard what the target does not keep, innermost first
     changed = True

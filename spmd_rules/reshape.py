@@ -33,7 +33,6 @@ coord))`` is the output's local piece. A tensor with no elements is replicated.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 from .base import (SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, prod,
                    register_rule, require)
 from .dist_attr import DistAttr
+from .einsum import assignments
 from .redistribute import reshard_cost
 
 __all__ = ["Broadcast", "Repeat", "DimTrans", "InputDim", "Singleton", "Flatten", "Split", "make_reshape_dim_trans",
@@ -212,13 +212,9 @@ def _view_result(x: TensorMeta, trans: Sequence[DimTrans], target: tuple[int, ..
     plain = x.dist_attr.without_partial()
     cost = reshard_cost(x.shape, 1, plain, required.without_partial())
     if cost:
-        mesh_dims = sorted(m for dm in plain.dims_mapping for m in dm)
-        for choice in itertools.product(range(-1, x.ndim), repeat=len(mesh_dims)):
-            dims: list[tuple[int, ...]] = [() for _ in x.shape]
-            for m, d in zip(mesh_dims, choice):
-                if d >= 0:
-                    dims[d] += (m,)
-            cand = x.dist_attr.with_dims_mapping(dims)
+        mesh_dims = [m for dm in plain.dims_mapping for m in dm]  # x's split order first
+        for placed in assignments(mesh_dims, [[None, *range(x.ndim)]] * len(mesh_dims)):
+            cand = x.dist_attr.with_dims_mapping([placed.get(d, ()) for d in range(x.ndim)])
             c = reshard_cost(x.shape, 1, plain, cand.without_partial())
             if c < cost:
                 req, o = infer_dim_trans(x.shape, cand, trans)

@@ -17,7 +17,7 @@ __all__ = ["visualize_sharding"]
 
 def _fmt_placement(p) -> str:
     if p.is_shard():
-        return f"S({p.dim})"
+        return f"S({p.dim})" if p.shard_order is None else f"S({p.dim}, order {p.shard_order})"
     if p.is_partial():
         return f"P({p.reduce_type.value})"
     return "R"

@@ -3,7 +3,10 @@ Paddle's ``dist.shard_optimizer(opt, dist.ShardingStage1/2/3("dp", mesh))``.
 
 Each parameter gets a *dp layout*: its own layout with the data-parallel mesh dim also sharding
 one tensor dim (the first dim no other mesh dim shards whose size is at least the dp degree,
-else the largest free dim, else co-sharding its largest dim after the mesh dims already there),
+else the largest free dim, else co-sharding its largest dim inside the pieces of the mesh dims
+already there: a tensor-parallel bias ``[R, S(0)]`` becomes ``[S(0, shard_order=1), S(0,
+shard_order=0)]``, tp first, so one all-gather over dp gives back the TP layout and the
+gradient's Partial over dp is one reduce-scatter; dp first would need both mesh dims' gathers),
 so on a [dp, mp] mesh a column-parallel ``[in, out]`` weight ``[R, S(1)]`` becomes ``[S(0),
 S(1)]``. Then:
 
@@ -43,8 +46,8 @@ __all__ = ["shard_optimizer", "ShardingStage1", "ShardingStage2", "ShardingStage
 
 
 def dp_layout(shape: tuple[int, ...], attr: DistAttr, dp: int) -> DistAttr:
-    """``attr`` with mesh dim ``dp`` also sharding one tensor dim of ``shape`` (``attr`` itself
-    when ``dp`` already shards a dim, or the tensor is 0-d)."""
+    """``attr`` with mesh dim ``dp`` also sharding one tensor dim of ``shape``, innermost
+    (``attr`` itself when ``dp`` already shards a dim, or the tensor is 0-d)."""
     if any(dp in dm for dm in attr.dims_mapping) or not shape:
         return attr
     n = attr.mesh_shape[dp]
@@ -57,7 +60,7 @@ def dp_layout(shape: tuple[int, ...], attr: DistAttr, dp: int) -> DistAttr:
     else:
         d = max(range(len(shape)), key=lambda k: shape[k])
     dims = [list(dm) for dm in attr.dims_mapping]
-    dims[d] = sorted(dims[d] + [dp])
+    dims[d] = dims[d] + [dp]  # innermost: one all-gather over dp restores the layout
     return attr.with_dims_mapping(dims)
 
 

@@ -44,7 +44,10 @@ IDS = np.arange(12, dtype=np.int64).reshape(3, 4)
 LAYOUTS = [([Shard(0), Replicate()], [Replicate(), Shard(1)]),
            ([Shard(0), Shard(1)], [Shard(1), Shard(0)]),
            ([Replicate(), Replicate()], [Shard(0), Shard(0)]),
-           ([Shard(1), Shard(0)], [Replicate(), Replicate()])]
+           ([Shard(1), Shard(0)], [Replicate(), Replicate()]),
+           # co-shard split orders (Shard(d, shard_order=k)): saved in one, loaded in another
+           ([Shard(0, shard_order=1), Shard(0, shard_order=0)], [Shard(0), Shard(0)]),
+           ([Shard(1), Shard(1)], [Shard(1, shard_order=1), Shard(1, shard_order=0)])]
 
 
 def _state(mesh, pw, pb):

@@ -7,7 +7,8 @@
   (captured by wrapping their kernels once, densely).
 * :func:`placement_combos` — the input placements to try on a mesh: Shard(d) for each tensor dim
   or Replicate per mesh dim, all combinations up to a cap, beyond it a seeded sample that always
-  keeps the all-replicated, every single-shard, co-sharded and aligned cases; plus Partial cases.
+  keeps the all-replicated, every single-shard, co-sharded (both split orders) and aligned cases;
+  plus Partial cases.
 * :func:`run_case` — one op on dense tensors or on distributed ones (built with ``shard_tensor``
   or, for Partial inputs, ``dtensor_from_local`` from per-rank addends), the forward values, the
   input gradients after backward of ``sum_i (out_i * W_i).sum()``, and mutated inputs.
@@ -238,8 +239,18 @@ def op_cases() -> dict[str, list[tuple[list, dict]]]:
 # -- placements -------------------------------------------------------------------------------
 
 def _tensor_options(ndim: int, mesh_ndim: int) -> list[tuple]:
+    """Every Shard(d)/Replicate per mesh dim; on a 2-d mesh also each dim co-sharded in the
+    reversed split order (mesh dim 1 outermost)."""
     per_dim = [Shard(d) for d in range(ndim)] + [Replicate()]
-    return list(itertools.product(per_dim, repeat=mesh_ndim))
+    return list(itertools.product(per_dim, repeat=mesh_ndim)) + _reversed_co_shards(ndim, mesh_ndim)
+
+
+def _reversed_co_shards(ndim: int, mesh_ndim: int) -> list[tuple]:
+    """Each dim co-sharded by every mesh dim, the last mesh dim splitting first."""
+    if mesh_ndim < 2:
+        return []
+    return [tuple(Shard(d, shard_order=mesh_ndim - 1 - m) for m in range(mesh_ndim))
+            for d in range(ndim)]
 
 
 def placement_combos(arrays: list, mesh_ndim: int, cap: int = CAP, seed: int = 0) -> list[tuple]:
@@ -261,9 +272,11 @@ def placement_combos(arrays: list, mesh_ndim: int, cap: int = CAP, seed: int = 0
             for d in range(np.ndim(arrays[i])):
                 out.append(combo({i: tuple(Shard(d) if k == m else Replicate()
                                            for k in range(mesh_ndim))}))
-        if mesh_ndim > 1:  # co-sharded: every mesh dim splits the same tensor dim
+        if mesh_ndim > 1:  # co-sharded: every mesh dim splits the same tensor dim, both orders
             for d in range(np.ndim(arrays[i])):
                 out.append(combo({i: tuple(Shard(d) for _ in range(mesh_ndim))}))
+            for pl in _reversed_co_shards(np.ndim(arrays[i]), mesh_ndim):
+                out.append(combo({i: pl}))
     # aligned from the right (broadcasting) and from the left: every input split the same way
     for side in ("right", "left"):
         for k in range(max(np.ndim(arrays[i]) for i in present)):

@@ -10,7 +10,8 @@ Shard(1), Replicate and Partial(sum) per mesh dim:
 - the collectives this rank issued (``collectives.collective_counts()`` delta) are exactly the
   plan's steps, and a single mesh dim change costs the minimum (S→R one all-gather, P→R one
   all-reduce, P→S one reduce-scatter, S→S' one all-to-all, R→S none), and a shard moving
-  between mesh dims of one size is one pairwise exchange.
+  between mesh dims of one size is one pairwise exchange. On 2-d meshes the placements also
+  include each dim co-sharded in the reversed split order (``Shard(d, shard_order=...)``).
 
 Cases are batched in one test per (mesh, shape); failures are collected (never raised mid-loop,
 so no rank leaves the others waiting in a collective) and every failing case is named.
@@ -66,7 +67,7 @@ def get_mesh(name: str) -> ProcessMesh:
 def fmt(placements) -> str:
     def one(p):
         if isinstance(p, Shard):
-            return f"S({p.dim})"
+            return f"S({p.dim})" if p.shard_order is None else f"S({p.dim})@{p.shard_order}"
         if isinstance(p, Partial):
             return f"P({p.reduce_type.value})"
         return "R"
@@ -244,13 +245,21 @@ def placement_lists(ndim_mesh: int, options) -> list[list]:
     return [list(p) for p in itertools.product(options, repeat=ndim_mesh)]
 
 
+def reversed_co_shards(ndim_mesh: int) -> list[list]:
+    """Tensor dim 0 or 1 co-sharded by both mesh dims of a 2-d mesh, mesh dim 1 splitting
+    first (shard_order)."""
+    if ndim_mesh != 2:
+        return []
+    return [[Shard(d, shard_order=1), Shard(d, shard_order=0)] for d in (0, 1)]
+
+
 # ------------------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 def test_reshard_all_pairs(mesh_name, shape):
     mesh = get_mesh(mesh_name)
     G = global_array(shape)
-    sources = placement_lists(mesh.ndim, BASIC)
+    sources = placement_lists(mesh.ndim, BASIC) + reversed_co_shards(mesh.ndim)
     targets = [p for p in sources if not any(isinstance(q, Partial) for q in p)]
     errs = []
     for i, (src, dst) in enumerate(itertools.product(sources, targets)):
@@ -441,6 +450,36 @@ def test_shard_moving_between_mesh_dims_is_one_pairwise_exchange():
         W = global_array(shape, seed=42)
         (y * dt.to_tensor(W)).sum().backward()
         assert x.grad.placements == src
+        np.testing.assert_array_equal(x.grad.numpy(), W)
+
+
+def test_co_shard_order_local_pieces_and_reorder_by_one_pairwise_exchange():
+    """``[Shard(0, shard_order=1), Shard(0, shard_order=0)]`` on 2x2 splits dim 0 over mesh
+    dim 1 first: rank (i, j) holds block 2j + i of the nested array_split (uneven: 13 rows are
+    4, 3, 3, 3). Reordering to the default order and back is one pairwise exchange (off-diagonal
+    ranks send and receive once, the diagonal nothing); the gradient goes back the same way."""
+    mesh = get_mesh("2x2")
+    coord = mesh.get_coord(world().rank)
+    ordered = [Shard(0, shard_order=1), Shard(0, shard_order=0)]
+    for shape in [(13, 3), (8, 5), (3, 2)]:
+        G = global_array(shape, seed=43)
+        x = dt.shard_tensor(G, mesh, ordered, stop_gradient=False)
+        assert x.placements == ordered
+        outer = np.array_split(np.arange(shape[0]), 2)[coord[1]]
+        rows = np.array_split(outer, 2)[coord[0]]
+        np.testing.assert_array_equal(x._local_array(), G[rows])
+        plan = dt.reshard_plan(x, mesh, [Shard(0), Shard(0)])
+        assert [s.kind for s in plan.steps] == ["swap"], str(plan)
+        before = collectives.collective_counts()
+        y = dt.reshard(x, mesh, [Shard(0), Shard(0)])
+        want = {} if coord[0] == coord[1] else {"send": 1, "recv": 1}
+        assert counts_delta(before) == want
+        assert y.placements == [Shard(0), Shard(0)]
+        assert check_value(y._local_array(), mesh, y._value.dist_attr, G) is None
+        np.testing.assert_array_equal(y.numpy(), G)
+        W = global_array(shape, seed=44)
+        (y * dt.to_tensor(W)).sum().backward()
+        assert x.grad.placements == ordered
         np.testing.assert_array_equal(x.grad.numpy(), W)
 
 

@@ -194,6 +194,17 @@ def test_fully_shard_after_tp_lifts_to_the_2d_mesh_and_equals_dense():
     assert fc1_weight.placements == [Shard(0), Shard(1)]
     assert model.fc2.weight.placements == [Shard(1), Shard(0)]
     assert model.fc2.bias.placements == [Shard(0), Replicate()]
+    # the column-parallel bias is split over tp first, then each tp piece over dp: one
+    # all-gather over dp gives back its TP layout, and a gradient Partial over dp becomes its
+    # layout by one reduce-scatter (dp first would need both mesh dims' collectives)
+    b1_layout = [Shard(0, shard_order=1), Shard(0, shard_order=0)]
+    assert model.fc1.bias.placements == b1_layout
+    dp_moves = mesh.shape[0] > 1
+    assert [s.kind for s in dt.reshard_plan(model.fc1.bias, mesh, [Replicate(), Shard(0)]).steps] \
+        == ["all_gather"] * dp_moves
+    grad = dt.reshard(model.fc1.bias.detach(), mesh, [Partial(), Shard(0)])
+    assert [s.kind for s in dt.reshard_plan(grad, mesh, b1_layout).steps] \
+        == ["reduce_scatter"] * dp_moves
     opt = dt.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
     rng = np.random.default_rng(3)
     for _ in range(3):

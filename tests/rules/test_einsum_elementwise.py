@@ -50,7 +50,10 @@ def test_elementwise_2d_mesh_co_shard():
     x = meta((8, 3), [S(0), S(0)], mesh=(2, 2))
     y = meta((8, 3), [R(), S(0)], mesh=(2, 2))
     r = run("elementwise", x, y)
-    assert r.inputs[1].dims_mapping == ((0, 1), ())
+    # y keeps mesh dim 1 outermost; x reorders its split (one pairwise exchange of its quarter)
+    # instead of y all-gathering its half: co-shard order (1, 0)
+    assert r.inputs[0].dims_mapping == r.inputs[1].dims_mapping == ((1, 0), ())
+    assert r.outputs[0].dist_attr.to_placements() == [S(0, shard_order=1), S(0, shard_order=0)]
 
 
 def test_elementwise_shape_error_names_op():
@@ -174,14 +177,19 @@ def _simulate_with_to_partial(result, globals_, fn, expected):
     check_output(result.outputs[0], out, expected)
 
 
-def test_add_of_conflicting_shards_moves_one_input_by_one_all_to_all():
-    """[S(0), R] + [S(1), R] on 2x2: one input's shard moves (one all-to-all on mesh dim 0);
-    the free mesh dim 1 is not sliced (that would change what later ops receive)."""
-    from spmd_rules import plan_same_mesh
+def test_add_of_conflicting_shards_co_shards_the_output_for_one_all_to_all():
+    """[S(0), R] + [S(1), R] on 2x2: one input's shard moves (one all-to-all on mesh dim 0),
+    and the free mesh dim 1 co-shards dim 0 at no extra cost (a local slice): the output is
+    4-way sharded, [S(0), S(0)], for the bytes the 2-way answer would move."""
+    from spmd_rules import plan_same_mesh, reshard_cost
     x, y = meta((8, 8), [S(0), R()], (2, 2)), meta((8, 8), [S(1), R()], (2, 2))
     r = run("elementwise", x, y, op="add", linear="add")
-    assert r.inputs == (x.dist_attr, x.dist_attr) and r.outputs[0].dist_attr == x.dist_attr
-    assert [s.kind for s in plan_same_mesh((8, 8), 8, y.dist_attr, x.dist_attr)] == ["all_to_all"]
+    co = meta((8, 8), [S(0), S(0)], (2, 2)).dist_attr
+    assert r.inputs == (co, co) and r.outputs[0].dist_attr == co
+    assert [s.kind for s in plan_same_mesh((8, 8), 8, x.dist_attr, co)] == ["slice"]
+    assert [s.kind for s in plan_same_mesh((8, 8), 8, y.dist_attr, co)] == ["all_to_all", "slice"]
+    assert reshard_cost((8, 8), 8, y.dist_attr, co) == reshard_cost((8, 8), 8, y.dist_attr,
+                                                                     x.dist_attr)
     # nothing to move: the layout is kept as it is
     r = run("elementwise", x, meta((8, 8), [R(), R()], (2, 2)), op="add", linear="add")
     assert r.outputs[0].dist_attr == x.dist_attr

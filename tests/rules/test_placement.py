@@ -77,8 +77,12 @@ def test_dist_attr_errors():
         DistAttr.from_placements([Shard(0)], 2, (2, 2))
     with pytest.raises(ValueError, match="used twice"):
         DistAttr((2,), ((0,), (0,)))
-    with pytest.raises(ValueError, match="ascending"):
-        DistAttr((2, 2), ((1, 0),))
+    with pytest.raises(ValueError, match=r"tensor dim 0 give shard_order \[1, None\]"):
+        DistAttr.from_placements([Shard(0, shard_order=1), Shard(0)], 1, (2, 2))
+    with pytest.raises(ValueError, match=r"shard_order \[0, 0\].*distinct order 0..1"):
+        DistAttr.from_placements([Shard(0, shard_order=0), Shard(0, shard_order=0)], 1, (2, 2))
+    with pytest.raises(ValueError, match="shard_order.*int >= 0"):
+        Shard(0, shard_order=-1)
     with pytest.raises(ValueError, match="out of range"):
         DistAttr((2,), ((1,),))
 

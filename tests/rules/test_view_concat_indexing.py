@@ -89,15 +89,18 @@ def test_concat_stack_split():
         run("stack", meta((4, 6), [R()]), meta((4, 5), [R()]), axis=0)
     r = run("split", meta((7, 6), [S(0), S(1)], (2, 2)), sections=(3, 4), axis=0)
     assert [o.shape for o in r.outputs] == [(3, 6), (4, 6)]
-    assert r.inputs[0].dims_mapping == ((), (1,)) == r.outputs[1].dist_attr.dims_mapping
+    # mesh dim 0 leaves the split axis for dim 1, inside mesh dim 1's pieces (an all-to-all)
+    assert r.inputs[0].dims_mapping == ((), (1, 0)) == r.outputs[1].dist_attr.dims_mapping
     with pytest.raises(ValueError, match="split.*sections"):
         run("split", meta((7, 6), [R()]), sections=(3, 3), axis=0)
 
 
 def test_gather():
     r = run("gather", meta((10, 6), [S(0), S(1)], (2, 2)), meta((5,), [S(0), R()], (2, 2)), axis=0)
-    assert r.inputs[0].dims_mapping == ((), (1,)) and r.inputs[1].dims_mapping == ((0,),)
-    assert r.outputs[0].shape == (5, 6) and r.outputs[0].dist_attr.dims_mapping == ((0,), (1,))
+    # x's mesh dim 0 moves onto dim 1 inside mesh dim 1's pieces (an all-to-all of x's quarter)
+    # rather than x all-gathering it; the index is gathered (10 elements moved, not 15)
+    assert r.inputs[0].dims_mapping == ((), (1, 0)) and r.inputs[1].dims_mapping == ((),)
+    assert r.outputs[0].shape == (5, 6) and r.outputs[0].dist_attr.dims_mapping == ((), (1, 0))
     with pytest.raises(ValueError, match="index_select.*index"):
         run("gather", meta((10, 6), [R()]), meta((5, 2), [R()]), axis=0, op="index_select")
 
