@@ -178,7 +178,10 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
         if not started:
             raise RuntimeError("grad_bucket_wait: the bucket's all-reduce was never started "
                                f"(a {nbytes}-byte bucket of {n} gradients)")
-        reduced = started.popleft().wait()
+        pending = started.popleft()
+        if _LAST[0] is pending:
+            _LAST[0] = None
+        reduced = pending.wait()
         if reduced is not flat:
             flat[...] = reduced
         return (flat, *(flat[lo:hi].reshape(s) for s, lo, hi in zip(shapes, bounds, bounds[1:])))
@@ -238,7 +241,7 @@ class LeafGradSync:
             self._start(items)
         else:
             self.full.append(items)
-        if self.started:   # MPI progresses a nonblocking collective only inside MPI calls
+        if _LAST[0] is not None:  # MPI progresses nonblocking collectives only inside calls
             _LAST[0].test()
 
     def _start(self, items: list) -> None:

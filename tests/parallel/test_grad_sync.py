@@ -149,6 +149,40 @@ def test_captured_step_replays_the_overlapped_sync(comm):
         assert first < last, ops
 
 
+@pytest.mark.parametrize("bucket_bytes", [1, 25 * 2 ** 20])
+def test_leaf_read_twice_and_root_leaf_get_their_whole_gradient(comm, bucket_bytes):
+    """A weight read by two matmuls is final only once both have run; a leaf that is also a
+    root adds its seed: gradients equal numpy's on the global arrays (1-byte buckets start
+    each gradient's all-reduce the moment it is final)."""
+    world = collectives.init().size
+    mesh = dt.ProcessMesh(list(range(world)), dim_names=["dp"])
+    rng = np.random.default_rng(3)
+    X, W, B, C = (rng.standard_normal(s) for s in ((4 * world, 3), (3, 3), (3,), (4 * world, 3)))
+    x = dt.shard_tensor(X, mesh, [dt.Shard(0)])
+    c = dt.shard_tensor(C, mesh, [dt.Shard(0)])
+    w = dt.shard_tensor(W, mesh, [dt.Replicate()], stop_gradient=False)
+    b = dt.shard_tensor(B, mesh, [dt.Replicate()], stop_gradient=False)
+    starts = []
+
+    def rec(r):
+        if r.op == "grad_bucket_start":
+            starts.append(len(r.inputs))
+    grad_sync.set_bucket_bytes(bucket_bytes)
+    dispatch.add_recorder(rec)
+    try:
+        loss = ((dt.matmul(dt.matmul(x, w), w) + b) * c).sum()
+        dt.autograd.backward([loss, b], [None, dt.shard_tensor(np.ones(3), mesh,
+                                                                [dt.Replicate()])])
+    finally:
+        dispatch.remove_recorder(rec)
+        grad_sync.set_bucket_bytes(25 * 2 ** 20)
+    if world > 1:  # each gradient synced once, when final
+        assert sum(starts) <= 2 and (bucket_bytes > 1 or max(starts) == 1), starts
+    np.testing.assert_allclose(w.grad.numpy(), X.T @ (C @ W.T) + (X @ W).T @ C, rtol=1e-10)
+    np.testing.assert_allclose(b.grad.numpy(), C.sum(0) + 1, rtol=1e-10)
+    assert w.grad.placements == [dt.Replicate()] and b.grad.placements == [dt.Replicate()]
+
+
 def test_bucket_size_is_checked():
     with pytest.raises(ValueError, match="set_bucket_bytes: nbytes must be an int >= 0"):
         grad_sync.set_bucket_bytes(-1)
