@@ -170,6 +170,8 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
         flat = xp.empty(bounds[-1], dtype=dtype)
         for a, lo, hi in zip(arrays, bounds, bounds[1:]):
             flat[lo:hi] = a.reshape(-1)
+        if _LAST[0] is not None:  # progress for the previous bucket (replays too)
+            _LAST[0].test()
         started.append(group.iall_reduce(flat, "sum"))
         _LAST[0] = started[-1]
         return flat
