@@ -19,7 +19,8 @@ rank 0's process CPU time, which other load on a shared machine disturbs less), 
 * ``disttensor``: ``train.train_step`` on the sharded model (``mesh``: gradient buckets of
   ``--bucket-mb`` whose all-reduces overlap the backward); with dp > 1 also
   ``mesh_blocking`` (the same buckets, all started after the backward) and
-  ``mesh_per_parameter`` (no buckets: one blocking all-reduce per gradient);
+  ``mesh_per_parameter`` (no buckets: one blocking all-reduce per gradient), the three taking
+  turns step by step on one model (they compute the same values);
 * ``numpy``: the same model, step and sharding written by hand: numpy kernels, mpi4py
   all-reduces for the Megatron partial sums, the vocab-parallel softmax and the dp gradients;
 * ``torch`` (one process): the same model written with torch ops (autograd, AdamW);
@@ -393,19 +394,30 @@ def dtensor_step_fn(params: dict, cfg: tuple, dp: int, mp: int):
 
 # -- one config (this process is one rank) ---------------------------------------------------
 
-def _median_step(step, batches, warmup: int, steps: int, barrier) -> dict:
-    """Median wall and CPU (this process) milliseconds per step, and the losses."""
-    losses, wall, cpu = [], [], []
-    for i in range(warmup + steps):
+def _median_steps(named: dict, batches, warmup: int, steps: int, barrier) -> dict:
+    """Per name of ``named`` (name -> step function): median wall and CPU (this process)
+    milliseconds per step and the losses. Several functions run in turn, step by step, so a
+    machine's drift (other load, clock) is shared alike: step i is function i mod n's."""
+    runs = {k: {"losses": [], "wall": [], "cpu": []} for k in named}
+    order = list(named.items())
+    for i in range(len(order) * (warmup + steps)):
+        name, step = order[i % len(order)]
+        r = runs[name]
         barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        losses.append(step(*batches[i % len(batches)]))
+        loss = step(*batches[i % len(batches)])
         barrier()
-        if i >= warmup:
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    return {"step_ms": statistics.median(wall) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
-            "losses": losses}
+        if len(r["losses"]) >= warmup:
+            r["wall"].append(time.perf_counter() - t0)
+            r["cpu"].append(time.process_time() - c0)
+        r["losses"].append(loss)
+    return {k: {"step_ms": statistics.median(r["wall"]) * 1e3,
+                "cpu_ms": statistics.median(r["cpu"]) * 1e3, "losses": r["losses"]}
+            for k, r in runs.items()}
+
+
+def _median_step(step, batches, warmup: int, steps: int, barrier) -> dict:
+    return _median_steps({"": step}, batches, warmup, steps, barrier)[""]
 
 
 def worker(size: str, dp: int, mp: int, warmup: int, steps: int, bucket_mb: float) -> dict:
@@ -426,13 +438,8 @@ def worker(size: str, dp: int, mp: int, warmup: int, steps: int, bucket_mb: floa
     batches = [(x_all[k * batch:(k + 1) * batch], y_all[k * batch:(k + 1) * batch])
                for k in range(4)]
     result: dict = {}
-    modes = ["dense", "mesh"] if world == 1 else \
-        ["mesh", "mesh_blocking", "mesh_per_parameter"] if dp > 1 else ["mesh"]
     params = None
-    for mode in modes:
-        grad_sync.set_overlap(mode != "mesh_blocking")
-        grad_sync.set_bucket_bytes(0 if mode == "mesh_per_parameter" else
-                                   int(bucket_mb * 2 ** 20))
+    for mode in ["dense", "mesh"] if world == 1 else ["mesh"]:
         dt.seed(2026)
         model = train.GPT(vocab, seq, d, heads, layers)
         if params is None:
@@ -448,7 +455,28 @@ def worker(size: str, dp: int, mp: int, warmup: int, steps: int, bucket_mb: floa
         def dt_step(xb, yb, model=model, opt=opt, mesh=mesh):
             x, y = train.to_tensors(xb, yb, mesh)
             return float(train.train_step(model, opt, x, y).numpy())
-        result[f"disttensor_{mode}"] = _median_step(dt_step, batches, warmup, steps, barrier)
+        if mode == "dense" or dp == 1:
+            grad_sync.set_bucket_bytes(int(bucket_mb * 2 ** 20))
+            result[f"disttensor_{mode}"] = _median_step(dt_step, batches, warmup, steps, barrier)
+            continue
+
+        def synced(overlap: bool, nbytes: int):
+            """The step with one gradient sync (they compute the same values, so the three
+            take turns on one model)."""
+            def step(xb, yb):
+                grad_sync.set_overlap(overlap)
+                grad_sync.set_bucket_bytes(nbytes)
+                return dt_step(xb, yb)
+            return step
+        nbytes = int(bucket_mb * 2 ** 20)
+        runs = _median_steps({"mesh": synced(True, nbytes), "mesh_blocking": synced(False, nbytes),
+                              "mesh_per_parameter": synced(True, 0)},
+                             batches, warmup, steps, barrier)
+        # one trajectory, its steps 0, 1, 2, ... taken in turn: compared with numpy's
+        losses = [x for turn in zip(*(r["losses"] for r in runs.values())) for x in turn]
+        losses = losses[:warmup + steps]
+        for k, r in runs.items():
+            result[f"disttensor_{k}"] = {**r, "losses": losses}
     hand = HandGPT(params, cfg, dp, mp, comm)
     rows = batch // dp
 
