@@ -24,7 +24,6 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
