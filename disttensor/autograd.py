@@ -33,13 +33,18 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
     leaf's own layout). With ``inputs``: return d(roots)/d(inputs) and touch no ``.grad``.
     """
     _GradMode.backward_depth += 1  # capture files what runs now under "backward"
+    sync = LeafGradSync() if inputs is None else None
     try:
-        return _backward(roots, root_grads, retain_graph, inputs)
+        return _backward(roots, root_grads, retain_graph, inputs, sync)
+    except BaseException:
+        if sync is not None:
+            sync.abandon()
+        raise
     finally:
         _GradMode.backward_depth -= 1
 
 
-def _backward(roots, root_grads, retain_graph, inputs):
+def _backward(roots, root_grads, retain_graph, inputs, sync: LeafGradSync | None):
     node_grads: dict[int, list] = {}  # id(node) -> per-slot grads
     nodes: dict[int, GradNode] = {}
     leaf_grads: dict[int, Tensor] = {}
@@ -58,7 +63,6 @@ def _backward(roots, root_grads, retain_graph, inputs):
         _send(edge(r), g, nodes, node_grads, leaves, leaf_grads)
 
     deps, leaf_deps = _dependencies(nodes.values())
-    sync = LeafGradSync() if inputs is None else None
     capture = {}
     if inputs is not None:
         for i, t in enumerate(inputs):

@@ -141,17 +141,20 @@ def _bucket_key(leaf: Tensor, g: Tensor):
 
 _PLANS: dict = {}
 _LAST: list = [None]  # the latest started all-reduce (collectives.PendingAllReduce)
+_ABANDONED: list = []  # started all-reduces of backwards that raised, until complete
 
 
 def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
-                  metas: tuple[tuple[tuple[int, ...], DistAttr], ...]) -> tuple[Plan, Plan]:
+                  metas: tuple[tuple[tuple[int, ...], DistAttr], ...]
+                  ) -> tuple[Plan, Plan, deque]:
     """(start, wait) of one bucket: start packs the local pieces into a flat buffer and starts
     its all-reduce over the Partial mesh dims in place, returning the buffer (a 1-D tensor of
     this rank's bucket length, Partial, read by nothing but wait); wait completes the
     all-reduce, writing the buffer (its output 0 is the buffer itself, reduced), and returns
     each gradient as a view of its (disjoint) part of the buffer. The pair's started
-    all-reduces wait in a queue, oldest first (a program whose memory plan copied the buffer
-    between start and wait gets the reduced values copied in)."""
+    all-reduces wait in a queue (the third value): wait takes the one of its buffer, else the
+    oldest (a program whose memory plan copied the buffer between start and wait gets the
+    reduced values copied in)."""
     key = (mesh, dims, dtype, metas)
     plans = _PLANS.get(key)
     if plans is not None:
@@ -179,7 +182,8 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
         if not started:
             raise RuntimeError("grad_bucket_wait: the bucket's all-reduce was never started "
                                f"(a {nbytes}-byte bucket of {n} gradients)")
-        pending = started.popleft()
+        pending = next((p for p in started if p.x is flat), started[0])
+        started.remove(pending)
         if _LAST[0] is pending:
             _LAST[0] = None
         reduced = pending.wait()
@@ -203,8 +207,8 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
            for i, (s, a) in enumerate(metas))), writes=(0,), mesh=cmesh, in_layouts=(bucket,))
     if len(_PLANS) >= 1024:
         del _PLANS[next(iter(_PLANS))]
-    _PLANS[key] = start, wait
-    return start, wait
+    _PLANS[key] = start, wait, started
+    return start, wait, started
 
 
 register("grad_bucket_start", None, rule=None)
@@ -224,7 +228,7 @@ class LeafGradSync:
         self.overlap = _OVERLAP[0]
         self.open: dict = {}                 # bucket key -> ([(leaf, grad)], bytes)
         self.full: list = []                 # filled buckets not started (overlap off)
-        self.started: list = []              # (leaves, bucket tensor, wait plan)
+        self.started: list = []              # (leaves, bucket tensor, wait plan, queue)
         self.done: list[tuple[Tensor, Tensor]] = []
 
     def ready(self, leaf: Tensor, g: Tensor) -> None:
@@ -249,10 +253,10 @@ class LeafGradSync:
         grads = [g for _, g in items]
         v = grads[0]._value
         metas = tuple((tuple(g._value.shape), g._value.dist_attr) for g in grads)
-        start, wait = _bucket_plans(v.mesh, v.dist_attr.partial_dims(),
-                                    np.dtype(grads[0].dtype), metas)
+        start, wait, queue = _bucket_plans(v.mesh, v.dist_attr.partial_dims(),
+                                           np.dtype(grads[0].dtype), metas)
         bucket = run(start, tuple(grads), {"mesh": v.mesh}, needs_grad=False)
-        self.started.append(([leaf for leaf, _ in items], bucket, wait))
+        self.started.append(([leaf for leaf, _ in items], bucket, wait, queue))
 
     def finish(self) -> list[tuple[Tensor, Tensor]]:
         """Start the partly filled buckets, wait for every bucket; every gradient in its
@@ -260,8 +264,22 @@ class LeafGradSync:
         for items in self.full + [items for items, _ in self.open.values()]:
             self._start(items)
         self.open, self.full = {}, []
-        for leaves, bucket, wait in self.started:
+        while self.started:
+            leaves, bucket, wait, _ = self.started.pop(0)
             out = run(wait, (bucket,), {"mesh": bucket._value.mesh}, needs_grad=False)
             self.done.extend((leaf, to_leaf_layout(leaf, g)) for leaf, g in zip(leaves, out[1:]))
-        self.started = []
         return self.done
+
+    def abandon(self) -> None:
+        """Forget the buckets started and not waited for (a backward that raised), so that no
+        later wait takes their all-reduces. Those may stay incomplete (the ranks are then out
+        of step, as after any interrupted sequence of collectives): they are kept, buffers
+        included, until MPI has completed them, since MPI may still write into the buffers."""
+        for _, bucket, _, queue in self.started:
+            flat = bucket._local_array()
+            for p in [p for p in queue if p.x is flat]:
+                queue.remove(p)
+                _ABANDONED.append(p)
+        _ABANDONED[:] = [p for p in _ABANDONED if not p.test()]
+        self.started = []
+        _LAST[0] = None

@@ -183,6 +183,37 @@ def test_leaf_read_twice_and_root_leaf_get_their_whole_gradient(comm, bucket_byt
     assert w.grad.placements == [dt.Replicate()] and b.grad.placements == [dt.Replicate()]
 
 
+def test_a_backward_that_raises_leaves_no_started_bucket_behind(comm, monkeypatch):
+    """tanh's backward raises after w2's bucket has started: the error reaches the caller, the
+    bucket is forgotten (no later wait takes it), and the next backward's gradients are
+    numpy's."""
+    from disttensor.schema import OPS
+    world = collectives.init().size
+    mesh = dt.ProcessMesh(list(range(world)), dim_names=["dp"])
+    rng = np.random.default_rng(5)
+    X, W1, W2, C = (rng.standard_normal(s) for s in ((2 * world, 3), (3, 4), (4, 2),
+                                                      (2 * world, 2)))
+    x, c = (dt.shard_tensor(a, mesh, [dt.Shard(0)]) for a in (X, C))
+    w1, w2 = (dt.shard_tensor(a, mesh, [dt.Replicate()], stop_gradient=False) for a in (W1, W2))
+
+    def boom(node, *grads):
+        raise RuntimeError("tanh backward failed")
+    grad_sync.set_bucket_bytes(1)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(OPS["tanh"], "backward", boom)
+            with pytest.raises(RuntimeError, match="tanh backward failed"):
+                (dt.matmul(dt.tanh(dt.matmul(x, w1)), w2) * c).sum().backward()
+        assert all(not queue for _, _, queue in grad_sync._PLANS.values())
+        assert w1.grad is None and w2.grad is None
+        (dt.matmul(dt.tanh(dt.matmul(x, w1)), w2) * c).sum().backward()
+    finally:
+        grad_sync.set_bucket_bytes(25 * 2 ** 20)
+    T = np.tanh(X @ W1)
+    np.testing.assert_allclose(w2.grad.numpy(), T.T @ C, rtol=1e-10)
+    np.testing.assert_allclose(w1.grad.numpy(), X.T @ ((C @ W2.T) * (1 - T * T)), rtol=1e-10)
+
+
 def test_bucket_size_is_checked():
     with pytest.raises(ValueError, match="set_bucket_bytes: nbytes must be an int >= 0"):
         grad_sync.set_bucket_bytes(-1)
