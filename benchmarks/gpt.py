@@ -1,8 +1,9 @@
 """train.py's GPT training step: disttensor (eager) against the same step written by hand in
-numpy + mpi4py, and against PyTorch on CPU where torch is installed, all in one run.
+numpy + mpi4py, against PyTorch on CPU and against PyTorch's DTensor tensor parallelism (plus
+DDP) where torch is installed, all in one run.
 
     python benchmarks/gpt.py [--sizes tiny,medium,large] [--configs 1,2x1,1x2,2x2]
-                             [--steps 6] [--warmup 2]
+                             [--steps 6] [--warmup 2] [--bucket-mb 25]
 
 Sizes: ``tiny`` is train.py's default GPT (vocab 64, seq 16, d 32, 4 heads, 2 layers, batch 16);
 ``medium`` d = 512 and ``large`` d = 1024 (vocab 64, seq 32, 2 layers, d/64 heads, batch 8).
@@ -15,13 +16,25 @@ Per size and config: the median time of a step (forward, cross entropy, backward
 rank in step, BLAS single-threaded) after ``warmup`` steps, on two clocks (``wall``; ``cpu``:
 rank 0's process CPU time, which other load on a shared machine disturbs less), for
 
-* ``disttensor``: ``train.train_step`` on the sharded model;
+* ``disttensor``: ``train.train_step`` on the sharded model (``mesh``: gradient buckets of
+  ``--bucket-mb`` whose all-reduces overlap the backward); with dp > 1 also
+  ``mesh_blocking`` (the same buckets, all started after the backward) and
+  ``mesh_per_parameter`` (no buckets: one blocking all-reduce per gradient), the three taking
+  turns step by step on one model (they compute the same values);
 * ``numpy``: the same model, step and sharding written by hand: numpy kernels, mpi4py
   all-reduces for the Megatron partial sums, the vocab-parallel softmax and the dp gradients;
-* ``torch`` (one process only): the same model written with torch ops (autograd, AdamW);
-  absent, with a note, when torch is not installed (it is no dependency of the project);
+* ``torch`` (one process): the same model written with torch ops (autograd, AdamW);
+* ``dtensor`` (meshes): the same model as a torch module on a [dp, mp] ``DeviceMesh`` (gloo,
+  initialised from the MPI launcher's PMI_RANK / PMI_SIZE, MASTER_ADDR 127.0.0.1), made
+  tensor-parallel over mp by DTensor's ``parallelize_module`` with train.py's plan
+  (``RowwiseParallel`` embedding, ``ColwiseParallel`` q/k/v/fc1 and head, ``RowwiseParallel``
+  proj/fc2, vocab-parallel cross entropy under ``loss_parallel``) when mp > 1, and
+  data-parallel over dp by DDP (PyTorch's TP + DDP composition; 25 MB buckets, overlapped)
+  when dp > 1;
 
-and ``ratio_vs_numpy`` / ``ratio_vs_torch`` = disttensor / baseline. All three start from the same
+torch columns are absent, with a note, when torch is not installed (an optional ``bench``
+extra). ``ratio_<run>_vs_<baseline>`` = disttensor / baseline; ``overlap_vs_blocking`` and
+``overlap_vs_per_parameter`` compare disttensor's gradient syncs. All runs start from the same
 weights and see the same batches; ``loss_max_rel_diff`` compares their losses step by step.
 On a 2-core machine the 4-rank configs oversubscribe the cores: compare ratios, not times.
 """
@@ -279,26 +292,138 @@ def torch_step_fn(params: dict, cfg: tuple):
     return step
 
 
+def dtensor_step_fn(params: dict, cfg: tuple, dp: int, mp: int):
+    """(step(tokens, labels) -> loss) for the same model as a torch module on this rank: DTensor
+    tensor parallelism over mp (train.py's plan), DDP over dp (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   loss_parallel, parallelize_module)
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        from mpi4py import MPI
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:  # rank 0 picks a free port
+            os.environ["MASTER_PORT"] = str(MPI.COMM_WORLD.bcast(
+                _free_port() if MPI.COMM_WORLD.Get_rank() == 0 else None))
+        dist.init_process_group("gloo", rank=int(os.environ["PMI_RANK"]),
+                                world_size=int(os.environ["PMI_SIZE"]))
+    mesh = init_device_mesh("cpu", (dp, mp), mesh_dim_names=("dp", "mp"))
+    vocab, seq, d, heads, layers, _ = cfg
+    hd = d // heads
+    fn = torch.nn.functional
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.proj = (nn.Linear(d, d) for _ in range(4))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d, eps=LN_EPS), nn.LayerNorm(d, eps=LN_EPS)
+            self.attn = Attn()
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, h, mask):
+            b, s, _ = h.shape
+            a = self.ln1(h)
+            q, k, v = (getattr(self.attn, n)(a).view(b, s, -1, hd).transpose(1, 2)
+                       for n in "qkv")  # this rank's heads
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, -1)
+            h = h + self.attn.proj((att @ v).transpose(1, 2).reshape(b, s, -1))
+            return h + self.fc2(fn.gelu(self.fc1(self.ln2(h)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln = nn.LayerNorm(d, eps=LN_EPS)
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.register_buffer("mask", torch.triu(torch.full((seq, seq), -1e9), diagonal=1))
+
+        def forward(self, tokens):
+            h = self.wte(tokens) + self.wpe.weight[:tokens.shape[1]]
+            for blk in self.blocks:
+                h = blk(h, self.mask)
+            return self.head(self.ln(h))
+
+    model = GPT()
+    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    with torch.no_grad():  # train.py's linear weights are [in, out], torch's [out, in]
+        for name, t in model.named_parameters():
+            t.copy_(torch.from_numpy(params[name].T.copy() if name in linear else params[name]))
+    if mp > 1:
+        plan = {"wte": RowwiseParallel(input_layouts=Replicate()),
+                "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+        for i in range(layers):
+            plan.update({f"blocks.{i}.attn.{n}": ColwiseParallel() for n in "qkv"})
+            plan.update({f"blocks.{i}.attn.proj": RowwiseParallel(),
+                         f"blocks.{i}.fc1": ColwiseParallel(),
+                         f"blocks.{i}.fc2": RowwiseParallel()})
+        parallelize_module(model, mesh["mp"], plan)
+    if dp > 1:
+        if mp > 1:
+            from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+            _pre_dp_module_transform(model)
+        model = nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group())
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                            weight_decay=WD)
+    rows = cfg[5] // dp
+    lo = mesh.get_local_rank("dp") * rows
+
+    def step(tokens, labels):
+        x = torch.from_numpy(tokens[lo:lo + rows])
+        y = torch.from_numpy(labels[lo:lo + rows]).reshape(-1)
+        with loss_parallel():
+            loss = fn.cross_entropy(model(x).reshape(-1, vocab), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).detach()
+        if dp > 1:  # the global mean, as the other columns report
+            dist.all_reduce(loss, group=mesh["dp"].get_group())
+            loss /= dp
+        return float(loss)
+    return step
+
+
 # -- one config (this process is one rank) ---------------------------------------------------
 
-def _median_step(step, batches, warmup: int, steps: int, barrier) -> dict:
-    """Median wall and CPU (this process) milliseconds per step, and the losses."""
-    losses, wall, cpu = [], [], []
-    for i in range(warmup + steps):
+def _median_steps(named: dict, batches, warmup: int, steps: int, barrier) -> dict:
+    """Per name of ``named`` (name -> step function): median wall and CPU (this process)
+    milliseconds per step and the losses. Several functions run in turn, step by step, so a
+    machine's drift (other load, clock) is shared alike: step i is function i mod n's."""
+    runs = {k: {"losses": [], "wall": [], "cpu": []} for k in named}
+    order = list(named.items())
+    for i in range(len(order) * (warmup + steps)):
+        name, step = order[i % len(order)]
+        r = runs[name]
         barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        losses.append(step(*batches[i % len(batches)]))
+        loss = step(*batches[i % len(batches)])
         barrier()
-        if i >= warmup:
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    return {"step_ms": statistics.median(wall) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
-            "losses": losses}
+        if len(r["losses"]) >= warmup:
+            r["wall"].append(time.perf_counter() - t0)
+            r["cpu"].append(time.process_time() - c0)
+        r["losses"].append(loss)
+    return {k: {"step_ms": statistics.median(r["wall"]) * 1e3,
+                "cpu_ms": statistics.median(r["cpu"]) * 1e3, "losses": r["losses"]}
+            for k, r in runs.items()}
 
 
-def worker(size: str, dp: int, mp: int, warmup: int, steps: int) -> dict:
+def _median_step(step, batches, warmup: int, steps: int, barrier) -> dict:
+    return _median_steps({"": step}, batches, warmup, steps, barrier)[""]
+
+
+def worker(size: str, dp: int, mp: int, warmup: int, steps: int, bucket_mb: float) -> dict:
     import disttensor as dt
     import train
+    from disttensor import grad_sync
     cfg = SIZES[size]
     vocab, seq, d, heads, layers, batch = cfg
     dt.init_parallel_env()
@@ -313,25 +438,45 @@ def worker(size: str, dp: int, mp: int, warmup: int, steps: int) -> dict:
     batches = [(x_all[k * batch:(k + 1) * batch], y_all[k * batch:(k + 1) * batch])
                for k in range(4)]
     result: dict = {}
-    modes = ["dense", "mesh"] if world == 1 else ["mesh"]
     params = None
-    for mode in modes:
+    for mode in ["dense", "mesh"] if world == 1 else ["mesh"]:
         dt.seed(2026)
         model = train.GPT(vocab, seq, d, heads, layers)
         if params is None:
             params = {name: t.numpy().copy() for name, t in model.named_parameters()}
         mesh = None
-        if mode == "mesh":
+        if mode != "dense":
             mesh = dt.ProcessMesh(np.arange(world).reshape(dp, mp).tolist(),
                                   dim_names=["dp", "mp"])
-            dt.shard_layer(model, mesh, train.shard_gpt)
+            dt.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": train.GPT_PLAN}})
         opt = dt.optimizer.AdamW(learning_rate=LR, parameters=model.parameters(),
                                  weight_decay=WD)
 
         def dt_step(xb, yb, model=model, opt=opt, mesh=mesh):
             x, y = train.to_tensors(xb, yb, mesh)
             return float(train.train_step(model, opt, x, y).numpy())
-        result[f"disttensor_{mode}"] = _median_step(dt_step, batches, warmup, steps, barrier)
+        if mode == "dense" or dp == 1:
+            grad_sync.set_bucket_bytes(int(bucket_mb * 2 ** 20))
+            result[f"disttensor_{mode}"] = _median_step(dt_step, batches, warmup, steps, barrier)
+            continue
+
+        def synced(overlap: bool, nbytes: int):
+            """The step with one gradient sync (they compute the same values, so the three
+            take turns on one model)."""
+            def step(xb, yb):
+                grad_sync.set_overlap(overlap)
+                grad_sync.set_bucket_bytes(nbytes)
+                return dt_step(xb, yb)
+            return step
+        nbytes = int(bucket_mb * 2 ** 20)
+        runs = _median_steps({"mesh": synced(True, nbytes), "mesh_blocking": synced(False, nbytes),
+                              "mesh_per_parameter": synced(True, 0)},
+                             batches, warmup, steps, barrier)
+        # one trajectory, its steps 0, 1, 2, ... taken in turn: compared with numpy's
+        losses = [x for turn in zip(*(r["losses"] for r in runs.values())) for x in turn]
+        losses = losses[:warmup + steps]
+        for k, r in runs.items():
+            result[f"disttensor_{k}"] = {**r, "losses": losses}
     hand = HandGPT(params, cfg, dp, mp, comm)
     rows = batch // dp
 
@@ -339,13 +484,14 @@ def worker(size: str, dp: int, mp: int, warmup: int, steps: int) -> dict:
         return hand.step(xb[hand.dpi * rows:(hand.dpi + 1) * rows],
                          yb[hand.dpi * rows:(hand.dpi + 1) * rows])
     result["numpy"] = _median_step(np_step, batches, warmup, steps, barrier)
-    if world == 1:
-        try:
-            step = torch_step_fn(params, cfg)
-        except ImportError:
-            result["torch_note"] = "torch not installed: no torch column"
-        else:
-            result["torch"] = _median_step(step, batches, warmup, steps, barrier)
+    try:
+        step = torch_step_fn(params, cfg) if world == 1 else \
+            dtensor_step_fn(params, cfg, dp, mp)
+    except ImportError:
+        result["torch_note"] = "torch not installed: no torch column"
+    else:
+        result["torch" if world == 1 else "dtensor"] = _median_step(step, batches, warmup,
+                                                                    steps, barrier)
     return result
 
 
@@ -356,10 +502,14 @@ def _summary(res: dict) -> dict:
     for clock in ("step_ms", "cpu_ms"):
         tag = "wall" if clock == "step_ms" else "cpu"
         out[tag] = {f"{k}_ms": round(v[clock], 3) for k, v in runs.items()}
-        for base in ("numpy", "torch"):
+        for base in ("numpy", "torch", "dtensor"):
             for k in (k for k in runs if k.startswith("disttensor") and base in runs):
                 out[tag][f"ratio_{k[len('disttensor_'):]}_vs_{base}"] = round(
                     runs[k][clock] / runs[base][clock], 3)
+        for other in ("blocking", "per_parameter"):
+            if f"disttensor_mesh_{other}" in runs:
+                out[tag][f"overlap_vs_{other}"] = round(
+                    runs["disttensor_mesh"][clock] / runs[f"disttensor_mesh_{other}"][clock], 3)
     ref = np.array(res["numpy"]["losses"])
     out["loss_max_rel_diff"] = max(
         float(np.max(np.abs(np.array(v["losses"]) - ref) / np.abs(ref)))
@@ -369,18 +519,28 @@ def _summary(res: dict) -> dict:
     return out
 
 
+def _free_port() -> int:
+    """A TCP port nothing listens on now (torch.distributed's rendezvous of one job)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="tiny,medium,large")
     ap.add_argument("--configs", default="1,2x1,1x2,2x2")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=float, default=25.0,
+                    help="disttensor's gradient bucket size (grad_sync.set_bucket_bytes)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "size:dp:mp"
     ap.add_argument("--timeout", type=int, default=900)
     args = ap.parse_args()
     if args.worker:
         size, dp, mp = args.worker.split(":")
-        res = worker(size, int(dp), int(mp), args.warmup, args.steps)
+        res = worker(size, int(dp), int(mp), args.warmup, args.steps, args.bucket_mb)
         import disttensor as dt
         if dt.get_rank() == 0:
             print("RESULT " + json.dumps(res), flush=True)
@@ -391,7 +551,8 @@ def main() -> None:
         for conf in args.configs.split(","):
             dp, mp = (1, 1) if conf == "1" else (int(v) for v in conf.split("x"))
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{size}:{dp}:{mp}",
-                   "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                   "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--bucket-mb", str(args.bucket_mb)]
             if conf != "1":
                 cmd = [find_mpiexec() or "mpiexec", "-n", str(dp * mp), *cmd]
             key = "1proc" if conf == "1" else f"mesh_{dp}x{mp}"
@@ -415,7 +576,7 @@ def main() -> None:
     print(json.dumps({"benchmark": "gpt_train_step", "sizes": {k: dict(zip(
         ("vocab", "seq", "d", "heads", "layers", "batch"), SIZES[k])) for k in
         args.sizes.split(",")}, "steps": args.steps, "warmup": args.warmup,
-        "numpy": np.__version__, "torch": torch_version,
+        "numpy": np.__version__, "torch": torch_version, "bucket_mb": args.bucket_mb,
         "results": results}, indent=1))
 
 

@@ -5,6 +5,7 @@ Usage::
     import collectives as C
     g = C.init()                       # world group (MPI under mpiexec, else one process)
     y = g.all_reduce(x, "sum")         # new array
+    h = g.iall_reduce(x, "sum")        # started in place; ... h.wait() returns x reduced
     row = C.new_group([0, 1])          # only members call it; cached by tuple(ranks)
 
 Semantics fixed here (disttensor relies on them):
@@ -42,7 +43,7 @@ from ._common import (
     reset_collective_counts,
 )
 from . import failure
-from .group import LocalGroup, ProcessGroup
+from .group import LocalGroup, PendingAllReduce, ProcessGroup
 
 __all__ = [
     "init",
@@ -52,6 +53,7 @@ __all__ = [
     "new_group",
     "is_mpi",
     "ProcessGroup",
+    "PendingAllReduce",
     "CollectiveMismatchError",
     "collective_counts",
     "reset_collective_counts",

@@ -215,6 +215,28 @@ class MPIGroup(ProcessGroup):
             recv = recv.astype(x.dtype)
         return _finish(recv, out) if recv is not out else out
 
+    def _iall_reduce(self, x, op):
+        """(request, finish) of an in-place MPI_Iallreduce on ``x``'s all_reduce lane (so
+        order and matching are those of the blocking call); cupy arrays and counts past
+        MAX_COUNT take the blocking path (request None)."""
+        if C.is_cupy(x) or _too_big(x.size):
+            x[...] = self._all_reduce(x, op, None)
+            return None, None
+        work, mop = _reduce_setup(x.dtype, op)
+        buf = x if x.dtype == work else x.astype(work)
+        comm = self._reduce_comm[op][hash((x.shape, x.dtype.num)) & (_SHAPE_LANES - 1)]
+        req = comm.Iallreduce(MPI.IN_PLACE, [buf, mpi_type(work)], op=mop)
+        if op != "avg" and buf is x:
+            return req, None
+        size = self.size
+
+        def finish():
+            if op == "avg":
+                np.true_divide(buf, size, out=buf)
+            if buf is not x:
+                x[...] = buf
+        return req, finish
+
     def _all_gather(self, x, axis, sizes, out):
         if C.is_cupy(x):
             return self._gpu_impl().all_gather(x, axis, sizes, out)

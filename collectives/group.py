@@ -44,16 +44,18 @@ class ProcessGroup:
     # debug-mode agreement
     # ----------------------------------------------------------------------------------------
 
-    def _begin(self, name: str, sig: tuple) -> None:
+    def _begin(self, name: str, sig: tuple, counted: str | None = None) -> int:
         """Called after local checks, before communication, for every collective: counts the
-        call, runs the debug-mode agreement check and tells the watchdog what is in flight
-        (``sig``: the call's metadata as (name, value) pairs; the caller clears ``Watch.now``)."""
+        call (as ``counted``, default ``name``), runs the debug-mode agreement check and tells
+        the watchdog what is in flight (``sig``: the call's metadata as (name, value) pairs;
+        the caller clears ``Watch.now``). Returns the call's index on this group."""
         index = self._call_index
         self._call_index = index + 1
         if C.CHECK_COLLECTIVES and self.size > 1:
             self._check_agreement(name, index, sig)
-        C.count(name)
+        C.count(counted or name)
         Watch.now = (self, name, sig, index, _monotonic(), _getframe(2))
+        return index
 
     def _check_agreement(self, name: str, index: int, sig: tuple) -> None:
         records = self._allgather_obj((name, index, sig))
@@ -105,6 +107,32 @@ class ProcessGroup:
             raise self._comm_failed(e) from e
         finally:
             Watch.now = None
+
+    def iall_reduce(self, x, op: Any = "sum") -> "PendingAllReduce":
+        """Start an all-reduce of ``x`` *in place* and return at once (MPI_Iallreduce): the
+        handle's ``wait()`` returns ``x`` holding what :meth:`all_reduce` would return.
+
+        ``x`` must be a C-contiguous writable array that nobody reads or writes until
+        ``wait()``. Every rank issues its collectives on a group in the same order, blocking
+        and nonblocking alike (a nonblocking call does not match a blocking one: ranks that mix
+        them block and the watchdog reports them). Counted as an ``all_reduce``; the watchdog
+        watches the ``wait()``, where a rank can block."""
+        name = "iall_reduce"
+        if type(x) is not np.ndarray:
+            x = C.as_array(x, name, "x")
+        op = C.reduce_op(op, x.dtype, name, x.shape)
+        if not x.flags.c_contiguous or (not C.is_cupy(x) and not x.flags.writeable):
+            raise ValueError(f"{name}: argument 'x' ({C.describe(x)}) must be C-contiguous and "
+                             f"writable (it receives the result in place)")
+        sig = (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op))
+        index = self._begin(name, sig, counted="all_reduce")
+        try:
+            req, finish = self._iall_reduce(x, op)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
+        return PendingAllReduce(self, sig, index, x, req, finish)
 
     def all_gather(self, x, axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
         """Concatenate every rank's ``x`` along ``axis`` in group-rank order.
@@ -281,6 +309,39 @@ class ProcessGroup:
         return tuple(shp)
 
 
+class PendingAllReduce:
+    """A started :meth:`ProcessGroup.iall_reduce`: ``test()`` lets it progress without
+    blocking (True once complete), ``wait()`` completes it (once; later calls return the same
+    array) under the watchdog, as a blocking collective would be."""
+
+    __slots__ = ("group", "sig", "index", "x", "_req", "_finish")
+
+    def __init__(self, group: ProcessGroup, sig: tuple, index: int, x, req, finish):
+        self.group, self.sig, self.index, self.x = group, sig, index, x
+        self._req, self._finish = req, finish  # None, None: complete when started
+
+    def test(self) -> bool:
+        req = self._req
+        return req is None or req.Test()
+
+    def wait(self):
+        req = self._req
+        if req is not None:
+            g = self.group
+            Watch.now = (g, "iall_reduce", self.sig, self.index, _monotonic(), _getframe(1))
+            try:
+                req.Wait()
+            except g._comm_errors as e:
+                raise g._comm_failed(e) from e
+            finally:
+                Watch.now = None
+            self._req = None
+        if self._finish is not None:
+            self._finish()
+            self._finish = None
+        return self.x
+
+
 def _finish(result, out):
     if out is None:
         return result
@@ -298,6 +359,9 @@ class LocalGroup(ProcessGroup):
 
     def _all_reduce(self, x, op, out):
         return _finish(x.copy(), out)
+
+    def _iall_reduce(self, x, op):
+        return None, None
 
     def _all_gather(self, x, axis, sizes, out):
         return _finish(x.copy(), out)

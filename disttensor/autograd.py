@@ -6,13 +6,14 @@ so it dispatches through the same seam and rules as the forward) once all its ou
 arrived. A leaf's gradient is resharded to the leaf's gradient layout (its own mesh and
 placements unless a policy says otherwise, :mod:`disttensor.grad_sync`) — a replicated weight
 under data parallelism gets its Partial gradient all-reduced, in buckets: data-parallel gradient
-sync for free.
+sync for free. A leaf's gradient goes to the sync as soon as it is final (every node with an
+edge to the leaf has run), so its bucket's all-reduce can start while the backward goes on.
 """
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from .grad_sync import sync_leaf_grads, to_leaf_layout
+from .grad_sync import LeafGradSync, to_leaf_layout
 from .ops import ones_like
 from .schema import public
 from .tape import (GradNode, _GradMode, edge, enable_grad, is_grad_enabled,  # noqa: F401
@@ -32,13 +33,18 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
     leaf's own layout). With ``inputs``: return d(roots)/d(inputs) and touch no ``.grad``.
     """
     _GradMode.backward_depth += 1  # capture files what runs now under "backward"
+    sync = LeafGradSync() if inputs is None else None
     try:
-        return _backward(roots, root_grads, retain_graph, inputs)
+        return _backward(roots, root_grads, retain_graph, inputs, sync)
+    except BaseException:
+        if sync is not None:
+            sync.abandon()
+        raise
     finally:
         _GradMode.backward_depth -= 1
 
 
-def _backward(roots, root_grads, retain_graph, inputs):
+def _backward(roots, root_grads, retain_graph, inputs, sync: LeafGradSync | None):
     node_grads: dict[int, list] = {}  # id(node) -> per-slot grads
     nodes: dict[int, GradNode] = {}
     leaf_grads: dict[int, Tensor] = {}
@@ -56,7 +62,7 @@ def _backward(roots, root_grads, retain_graph, inputs):
                              f"'{r._label()}' shape {r.shape}")
         _send(edge(r), g, nodes, node_grads, leaves, leaf_grads)
 
-    deps = _dependencies(nodes.values())
+    deps, leaf_deps = _dependencies(nodes.values())
     capture = {}
     if inputs is not None:
         for i, t in enumerate(inputs):
@@ -89,16 +95,20 @@ def _backward(roots, root_grads, retain_graph, inputs):
                     deps[k] -= 1
                     if deps[k] == 0:
                         ready.append(dest[0])
+                elif sync is not None:
+                    k = id(dest)
+                    leaf_deps[k] -= 1
+                    if leaf_deps[k] == 0:  # the leaf's gradient is final
+                        sync.ready(dest, leaf_grads.pop(k))
 
         if inputs is not None:
             for i, t in enumerate(inputs):
                 if t._node is None and id(t) in leaf_grads:
                     result[i] = leaf_grads[id(t)]
             return result
-        order = list(leaf_grads)
-        synced = sync_leaf_grads([leaves[k] for k in order], [leaf_grads[k] for k in order])
-        for k, g in zip(order, synced):
-            leaf = leaves[k]
+        for k, g in leaf_grads.items():  # leaves only a root fed (or fed a None gradient)
+            sync.ready(leaves[k], g)
+        for leaf, g in sync.finish():
             leaf.grad = g if leaf.grad is None else leaf.grad + g
     return None
 
@@ -120,9 +130,11 @@ def _send(dest, g: Tensor, nodes: dict, node_grads: dict, leaves: dict, leaf_gra
         leaf_grads[k] = g if prev is None else prev + g
 
 
-def _dependencies(roots: Iterable[GradNode]) -> dict[int, int]:
-    """For each node reachable from ``roots``: how many edges of reachable nodes point at it."""
+def _dependencies(roots: Iterable[GradNode]) -> tuple[dict[int, int], dict[int, int]]:
+    """For each node reachable from ``roots``, and for each leaf: how many edges of reachable
+    nodes point at it."""
     deps: dict[int, int] = {}
+    leaf_deps: dict[int, int] = {}
     seen = set()
     stack = list(roots)
     for n in stack:
@@ -136,7 +148,9 @@ def _dependencies(roots: Iterable[GradNode]) -> dict[int, int]:
                 if k not in seen:
                     seen.add(k)
                     stack.append(e[0])
-    return deps
+            elif e is not None:
+                leaf_deps[id(e)] = leaf_deps.get(id(e), 0) + 1
+    return deps, leaf_deps
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,

@@ -4,21 +4,26 @@
   unless :func:`set_grad_layout` gave the leaf another layout (ZeRO stage 2 keeps a replicated
   weight's gradient sharded over the data-parallel dim: its Partial gradient is
   reduce-scattered instead of all-reduced). A dense leaf gets a dense gradient.
-* **Buckets.** Gradients whose move to their target layout is an all-reduce of their
-  Partial(sum) mesh dims followed by slices at most (a weight under data parallelism: one
-  all-reduce each) are packed, per (mesh,
-  Partial mesh dims, dtype), into flat buffers of at most :func:`set_bucket_bytes` bytes (25 MB
-  by default, as DDP) and reduced with one all-reduce per bucket: the op ``grad_bucket_sync``,
-  a plan of one instruction (pack, all-reduce, unpack) that goes through the seam like every
-  other op (the gradients it returns are views of disjoint parts of the bucket). The
-  collectives layer is blocking, so the buckets are reduced after the whole backward rather
-  than overlapped with it.
+* **Buckets, overlapped with backward.** The autograd engine hands each leaf gradient to a
+  :class:`LeafGradSync` as soon as it is final (every grad node feeding the leaf has run).
+  Gradients whose move to their target layout is an all-reduce of their Partial(sum) mesh dims
+  followed by slices at most (a weight under data parallelism: one all-reduce each) are packed,
+  per (mesh, Partial mesh dims, dtype), into flat buckets; a bucket is started the moment it
+  holds :func:`set_bucket_bytes` bytes (25 MB by default, as DDP's ``bucket_cap_mb``): the op
+  ``grad_bucket_start`` packs it and starts a nonblocking all-reduce
+  (``ProcessGroup.iall_reduce``) while the backward goes on; partly filled buckets start when
+  the backward's last node has run, and ``grad_bucket_wait`` then completes every bucket (under
+  the collectives' watchdog) and hands each gradient back as a view of its part, before the
+  engine stores ``.grad`` (so before any optimizer reads it). Other gradients are resharded
+  when final, blocking. Both ops go through the seam like every other op, so captured programs
+  record and replay the same start/wait pairs at the same points of the backward.
+  :func:`set_overlap` (False) starts every bucket only after the backward (for comparisons).
 """
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -34,12 +39,13 @@ from .schema import OPS, register
 from .tensor import Tensor
 
 __all__ = ["set_grad_layout", "grad_layout", "to_leaf_layout", "set_bucket_bytes",
-           "bucket_bytes", "sync_leaf_grads"]
+           "bucket_bytes", "set_overlap", "LeafGradSync"]
 
 # id(leaf) -> (weak reference to the leaf, mesh, DistAttr of its gradient); an entry goes when
 # its leaf dies (Tensor's == is elementwise, so no WeakKeyDictionary)
 _GRAD_LAYOUTS: dict[int, tuple[weakref.ref, ProcessMesh, DistAttr]] = {}
 _BUCKET_BYTES = [25 * 2 ** 20]
+_OVERLAP = [True]
 
 
 def set_grad_layout(leaf: Tensor, mesh: ProcessMesh | None, attr: DistAttr | None) -> None:
@@ -80,7 +86,8 @@ def to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
 
 
 def set_bucket_bytes(nbytes: int) -> None:
-    """The most bytes one gradient bucket holds (0: no buckets, one all-reduce per gradient).
+    """The bytes at which a gradient bucket is started (0: no buckets, one blocking
+    all-reduce per gradient); a bucket holds less than ``nbytes`` plus its last gradient.
 
     Example::
 
@@ -94,6 +101,12 @@ def set_bucket_bytes(nbytes: int) -> None:
 def bucket_bytes() -> int:
     """The current bucket size in bytes (see :func:`set_bucket_bytes`)."""
     return _BUCKET_BYTES[0]
+
+
+def set_overlap(on: bool) -> None:
+    """Whether buckets start during backward as they fill (True, the default) or all after
+    it (False); the values are the same."""
+    _OVERLAP[0] = bool(on)
 
 
 @lru_cache(maxsize=4096)
@@ -119,87 +132,154 @@ def _bucket_key(leaf: Tensor, g: Tensor):
     if target is None or target[0] != gv.mesh or coord_of(gv.mesh) is None \
             or any(r.value != "sum" for _, r in gv.dist_attr.partial):
         return None
-    if not _all_reduces(tuple(gv.shape), gv.mesh, gv.dist_attr, target[1]):
-        return None
-    return gv.mesh, gv.dist_attr.partial_dims(), np.dtype(g.dtype)
+    dims = gv.dist_attr.partial_dims()
+    if all(gv.mesh.shape[m] == 1 for m in dims) \
+            or not _all_reduces(tuple(gv.shape), gv.mesh, gv.dist_attr, target[1]):
+        return None  # (a Partial over mesh dims of size 1 is resolved locally)
+    return gv.mesh, dims, np.dtype(g.dtype)
 
 
 _PLANS: dict = {}
+_LAST: list = [None]  # the latest started all-reduce (collectives.PendingAllReduce)
+_ABANDONED: list = []  # started all-reduces of backwards that raised, until complete
 
 
-def _bucket_plan(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
-                 metas: tuple[tuple[tuple[int, ...], DistAttr], ...]) -> Plan:
-    """One instruction: pack the local pieces into a flat buffer, all-reduce it over the
-    Partial mesh dims, hand each gradient back as a view of its (disjoint) part of the
-    buffer."""
+def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
+                  metas: tuple[tuple[tuple[int, ...], DistAttr], ...]
+                  ) -> tuple[Plan, Plan, deque]:
+    """(start, wait) of one bucket: start packs the local pieces into a flat buffer and starts
+    its all-reduce over the Partial mesh dims in place, returning the buffer (a 1-D tensor of
+    this rank's bucket length, Partial, read by nothing but wait); wait completes the
+    all-reduce, writing the buffer (its output 0 is the buffer itself, reduced), and returns
+    each gradient as a view of its (disjoint) part of the buffer. The pair's started
+    all-reduces wait in a queue (the third value): wait takes the one of its buffer, else the
+    oldest (a program whose memory plan copied the buffer between start and wait gets the
+    reduced values copied in)."""
     key = (mesh, dims, dtype, metas)
-    plan = _PLANS.get(key)
-    if plan is not None:
-        return plan
+    plans = _PLANS.get(key)
+    if plans is not None:
+        return plans
     coord = coord_of(mesh)
     shapes = [local_shape(s, a, coord) for s, a in metas]
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
     bounds = np.cumsum([0] + sizes).tolist()
     n = len(metas)
-
     group = group_over(mesh, dims)
     nbytes = bounds[-1] * dtype.itemsize
+    started: deque = deque()
 
-    def pack_reduce_unpack(xp, *arrays):
+    def pack_and_start(xp, *arrays):
         flat = xp.empty(bounds[-1], dtype=dtype)
         for a, lo, hi in zip(arrays, bounds, bounds[1:]):
             flat[lo:hi] = a.reshape(-1)
-        flat = group.all_reduce(flat, op="sum")
-        return tuple(flat[lo:hi].reshape(s) for s, lo, hi in zip(shapes, bounds, bounds[1:]))
+        if _LAST[0] is not None:  # progress for the previous bucket (replays too)
+            _LAST[0].test()
+        started.append(group.iall_reduce(flat, "sum"))
+        _LAST[0] = started[-1]
+        return flat
+
+    def wait_and_unpack(xp, flat):
+        if not started:
+            raise RuntimeError("grad_bucket_wait: the bucket's all-reduce was never started "
+                               f"(a {nbytes}-byte bucket of {n} gradients)")
+        pending = next((p for p in started if p.x is flat), started[0])
+        started.remove(pending)
+        if _LAST[0] is pending:
+            _LAST[0] = None
+        reduced = pending.wait()
+        if reduced is not flat:
+            flat[...] = reduced
+        return (flat, *(flat[lo:hi].reshape(s) for s, lo, hi in zip(shapes, bounds, bounds[1:])))
 
     label = f"all_reduce(sum) over mesh dims {list(dims)} of a {nbytes}-byte bucket"
-    instrs = (Instr("kernel", pack_reduce_unpack, tuple(range(n)), tuple(range(n, 2 * n)),
-                    label=f"bucket of {n} gradients", nbytes=nbytes, collectives=(label,)),)
-    outs = tuple(OutSpec(n + i, tuple(s), dtype, canonical(a.without_partial()))
-                 for i, (s, a) in enumerate(metas))
-    plan = Plan(OPS["grad_bucket_sync"], "dist", n, instrs, outs, mesh=canonical_mesh(mesh),
-                in_layouts=tuple(a for _, a in metas))
+    cmesh = canonical_mesh(mesh)
+    attrs = tuple(a for _, a in metas)
+    bucket = canonical(DistAttr.replicated(1, mesh.shape).with_partial(attrs[0].partial))
+    start = Plan(OPS["grad_bucket_start"], "dist", n, (Instr(
+        "kernel", pack_and_start, tuple(range(n)), (n,), label=f"bucket of {n} gradients",
+        nbytes=nbytes, collectives=(label + ", started",)),),
+        (OutSpec(n, (bounds[-1],), dtype, bucket),), mesh=cmesh, in_layouts=attrs)
+    wait = Plan(OPS["grad_bucket_wait"], "dist", 1, (Instr(
+        "kernel", wait_and_unpack, (0,), tuple(range(1, n + 2)), writes=(0,),
+        label=f"wait: {label}", nbytes=nbytes),),
+        (OutSpec(1, (bounds[-1],), dtype, bucket, is_input=0),
+         *(OutSpec(2 + i, tuple(s), dtype, canonical(a.without_partial()), view_of=0)
+           for i, (s, a) in enumerate(metas))), writes=(0,), mesh=cmesh, in_layouts=(bucket,))
     if len(_PLANS) >= 1024:
         del _PLANS[next(iter(_PLANS))]
-    _PLANS[key] = plan
-    return plan
+    _PLANS[key] = start, wait, started
+    return start, wait, started
 
 
-register("grad_bucket_sync", None, rule=None, n_out=-1)
+register("grad_bucket_start", None, rule=None)
+register("grad_bucket_wait", None, rule=None, n_out=-1)
 
 
-def _sync_bucket(grads: Sequence[Tensor]) -> list[Tensor]:
-    v = grads[0]._value
-    metas = tuple((tuple(g._value.shape), g._value.dist_attr) for g in grads)
-    plan = _bucket_plan(v.mesh, v.dist_attr.partial_dims(), np.dtype(grads[0].dtype), metas)
-    out = run(plan, tuple(grads), {"mesh": v.mesh}, needs_grad=False)
-    return list(out) if isinstance(out, tuple) else [out]
+class LeafGradSync:
+    """The leaf gradients of one backward pass (see the module notes): :meth:`ready` takes
+    each as it becomes final, :meth:`finish` returns (leaf, gradient in its layout) for all.
 
+    Buckets fill in the order the backward finishes the gradients, which is the same on every
+    rank (the same graph, walked the same way), so every rank starts the same buckets in the
+    same order."""
 
-def sync_leaf_grads(leaves: Sequence[Tensor], grads: Sequence[Tensor]) -> list[Tensor]:
-    """Each leaf's gradient in its gradient layout (:func:`to_leaf_layout`), the all-reduces of
-    data-parallel gradients packed into buckets (see the module notes)."""
-    out: list[Tensor | None] = [None] * len(grads)
-    limit = _BUCKET_BYTES[0]
-    open_buckets: dict = {}   # key -> (indices, bytes)
-    ready: list[list[int]] = []
-    for i, (leaf, g) in enumerate(zip(leaves, grads)):
-        key = _bucket_key(leaf, g) if limit else None
+    def __init__(self) -> None:
+        self.limit = _BUCKET_BYTES[0]
+        self.overlap = _OVERLAP[0]
+        self.open: dict = {}                 # bucket key -> ([(leaf, grad)], bytes)
+        self.full: list = []                 # filled buckets not started (overlap off)
+        self.started: list = []              # (leaves, bucket tensor, wait plan, queue)
+        self.done: list[tuple[Tensor, Tensor]] = []
+
+    def ready(self, leaf: Tensor, g: Tensor) -> None:
+        """``g`` is ``leaf``'s final gradient of this backward."""
+        key = _bucket_key(leaf, g) if self.limit else None
         if key is None:
-            out[i] = to_leaf_layout(leaf, g)
-            continue
-        nbytes = g._value.local.array.nbytes
-        idx, size = open_buckets.get(key, ([], 0))
-        if idx and size + nbytes > limit:
-            ready.append(idx)
-            idx, size = [], 0
-        idx.append(i)
-        open_buckets[key] = (idx, size + nbytes)
-    ready.extend(idx for idx, _ in open_buckets.values())
-    for idx in ready:
-        if len(idx) == 1:
-            out[idx[0]] = to_leaf_layout(leaves[idx[0]], grads[idx[0]])
-            continue
-        for i, g in zip(idx, _sync_bucket([grads[i] for i in idx])):
-            out[i] = to_leaf_layout(leaves[i], g)
-    return out
+            self.done.append((leaf, to_leaf_layout(leaf, g)))
+            return
+        items, size = self.open.pop(key, ([], 0))
+        items.append((leaf, g))
+        size += g._value.local.array.nbytes
+        if size < self.limit:
+            self.open[key] = (items, size)
+        elif self.overlap:
+            self._start(items)
+        else:
+            self.full.append(items)
+        if _LAST[0] is not None:  # MPI progresses nonblocking collectives only inside calls
+            _LAST[0].test()
+
+    def _start(self, items: list) -> None:
+        grads = [g for _, g in items]
+        v = grads[0]._value
+        metas = tuple((tuple(g._value.shape), g._value.dist_attr) for g in grads)
+        start, wait, queue = _bucket_plans(v.mesh, v.dist_attr.partial_dims(),
+                                           np.dtype(grads[0].dtype), metas)
+        bucket = run(start, tuple(grads), {"mesh": v.mesh}, needs_grad=False)
+        self.started.append(([leaf for leaf, _ in items], bucket, wait, queue))
+
+    def finish(self) -> list[tuple[Tensor, Tensor]]:
+        """Start the partly filled buckets, wait for every bucket; every gradient in its
+        leaf's layout."""
+        for items in self.full + [items for items, _ in self.open.values()]:
+            self._start(items)
+        self.open, self.full = {}, []
+        while self.started:
+            leaves, bucket, wait, _ = self.started.pop(0)
+            out = run(wait, (bucket,), {"mesh": bucket._value.mesh}, needs_grad=False)
+            self.done.extend((leaf, to_leaf_layout(leaf, g)) for leaf, g in zip(leaves, out[1:]))
+        return self.done
+
+    def abandon(self) -> None:
+        """Forget the buckets started and not waited for (a backward that raised), so that no
+        later wait takes their all-reduces. Those may stay incomplete (the ranks are then out
+        of step, as after any interrupted sequence of collectives): they are kept, buffers
+        included, until MPI has completed them, since MPI may still write into the buffers."""
+        for _, bucket, _, queue in self.started:
+            flat = bucket._local_array()
+            for p in [p for p in queue if p.x is flat]:
+                queue.remove(p)
+                _ABANDONED.append(p)
+        _ABANDONED[:] = [p for p in _ABANDONED if not p.test()]
+        self.started = []
+        _LAST[0] = None

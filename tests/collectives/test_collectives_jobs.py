@@ -70,3 +70,41 @@ def test_one_rank_raises_while_others_block_ends_quickly(tmp_path):
     assert r.returncode != 0
     assert "RuntimeError: boom on rank 1" in r.stderr
     assert "UNREACHABLE" not in r.stdout
+
+
+def test_watchdog_covers_the_wait_of_a_nonblocking_all_reduce(tmp_path):
+    """A rank that never starts the all-reduce: the other one, blocked in ``wait()``, is
+    aborted past the timeout with a report naming iall_reduce and the wait's call site."""
+    r = run_job(tmp_path, """
+        import numpy as np, collectives, time
+        g = collectives.init()
+        h = g.iall_reduce(np.ones(4)) if g.rank == 0 else None
+        if g.rank == 1:
+            time.sleep(30)
+        h.wait()                                      # line 7
+        print("UNREACHABLE", flush=True)
+    """, timeout=60, env={"DISTTENSOR_TIMEOUT": "2"})
+    assert r.returncode != 0
+    err = r.stderr
+    assert "job aborted: rank 1 did not arrive" in err, err
+    assert "iall_reduce(shape=(4,), dtype=<f8, op=sum) call #0" in err, err
+    assert "job.py:7" in err, err
+    assert "UNREACHABLE" not in r.stdout
+
+
+def test_nonblocking_against_blocking_all_reduce_is_reported(tmp_path):
+    """One rank starts a nonblocking all-reduce where the other calls the blocking one: MPI
+    does not match them, and the watchdog's probe names both calls."""
+    r = run_job(tmp_path, """
+        import numpy as np, collectives
+        g = collectives.init()
+        if g.rank == 0:
+            g.iall_reduce(np.ones(4)).wait()
+        else:
+            g.all_reduce(np.ones(4))
+        print("UNREACHABLE", flush=True)
+    """, timeout=60)
+    assert r.returncode != 0
+    assert "called a different collective than other ranks" in r.stderr, r.stderr
+    assert "iall_reduce(shape=(4,)" in r.stderr and "all_reduce(shape=(4,)" in r.stderr
+    assert "UNREACHABLE" not in r.stdout

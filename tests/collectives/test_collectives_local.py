@@ -47,6 +47,15 @@ def test_local_collectives_are_copies(g):
     g.barrier()
 
 
+def test_local_iall_reduce_is_complete_at_once(g):
+    x = np.arange(6.0)
+    before = collectives.collective_counts()["all_reduce"]
+    h = g.iall_reduce(x, "avg")
+    assert h.test() and h.wait() is x
+    np.testing.assert_array_equal(x, np.arange(6.0))
+    assert collectives.collective_counts()["all_reduce"] == before + 1
+
+
 def test_local_errors_and_counts(g):
     collectives.reset_collective_counts()
     x = np.ones((2, 3), np.int64)

@@ -94,6 +94,45 @@ def test_all_reduce_noncontiguous_input(g):
     np.testing.assert_allclose(g.all_reduce(x), expect)
 
 
+# ---------------------------------------------------------------------------- iall_reduce
+@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.float64, "avg"), (np.int64, "max"),
+                                      (np.float16, "sum"), (np.float32, "avg"), (bool, "min")])
+def test_iall_reduce_in_place_equals_numpy(g, dtype, op):
+    """Several started at once, a blocking all_reduce in between, waited out of order: each
+    returns its own input array holding numpy's reduction of every rank's array."""
+    shapes = [(5, 3), (7,), (0,), ()]
+    xs = [[data(r, s, dtype, salt=k) for r in range(g.size)] for k, s in enumerate(shapes)]
+    before = collectives.collective_counts()["all_reduce"]
+    mine = [x[g.rank].copy() for x in xs]
+    handles = [g.iall_reduce(m, op) for m in mine]
+    mid = g.all_reduce(data(g.rank, (4,), np.float64), "sum")
+    got = [h.wait() for h in reversed(handles)][::-1]
+    assert collectives.collective_counts()["all_reduce"] == before + len(shapes) + 1
+    np.testing.assert_allclose(mid, sum(data(r, (4,), np.float64) for r in range(g.size)))
+    for x, m, out in zip(xs, mine, got):
+        st = np.stack(x)
+        expect = {"sum": st.sum(0), "avg": st.sum(0) / g.size, "max": st.max(0),
+                  "min": st.min(0)}[op].astype(dtype)
+        assert out is m and out.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(out, expect, **(tol(dtype) if dtype is not np.float16
+                                                   else dict(rtol=1e-3)))
+    assert handles[0].wait() is mine[0] and handles[0].test()
+
+
+def test_iall_reduce_bad_input_raises_before_communicating(g):
+    before = collectives.collective_counts()
+    with pytest.raises(ValueError, match=r"iall_reduce: argument 'x' \(shape=\(4, 2\) "
+                                         r"dtype=float64\) must be C-contiguous"):
+        g.iall_reduce(np.ones((4, 4))[:, ::2])
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="iall_reduce: argument 'x'.*writable"):
+        g.iall_reduce(ro)
+    with pytest.raises(TypeError, match="iall_reduce: reduce op 'avg'.*int64"):
+        g.iall_reduce(np.ones(3, np.int64), "avg")
+    assert collectives.collective_counts() == before
+
+
 # ----------------------------------------------------------------------------- all_gather
 def gather_sizes(k, mode):
     if mode == "uneven":
