@@ -32,6 +32,8 @@ import time
 import traceback
 from typing import Any, Optional
 
+from . import _watcher
+
 TIMEOUT_ENV = "DISTTENSOR_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
 POLL = 0.2
@@ -118,6 +120,7 @@ def _write(text: str) -> None:
 def abort(text: str, code: int = 1) -> None:
     """Print ``text``, give the process manager a moment to forward it, end the whole job."""
     try:
+        _watcher.claim(text.strip().splitlines()[-1] if text.strip() else "abort")
         _write(text)
         time.sleep(0.2)
     finally:
@@ -365,6 +368,7 @@ def _at_exit() -> None:
         time.sleep(0.005)
     c.drain()
     c.finish_sends()
+    _watcher.mark_clean()
 
 
 def is_rank_process() -> bool:
@@ -388,6 +392,7 @@ def install() -> None:
         return
     _installed = True
     faulthandler.enable(all_threads=True)
+    _watcher.start(_world_rank())
     sys.excepthook = _sys_hook
     threading.excepthook = _thread_hook
     sys.exit = _recording_exit

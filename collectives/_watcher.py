@@ -1,0 +1,285 @@
+"""Death watcher: names a rank that died outside Python (SIGKILL, segfault, ``os._exit``) under a
+plain ``mpiexec`` (DESIGN §11; ``python -m launch`` names such ranks itself and turns it off).
+
+A rank that dies without running Python's exit path cannot report itself, and MPI's process
+manager kills the other ranks while they are blocked in C. So :func:`start` (called by
+``collectives.failure.install``) gives every rank a small watcher process, ``python -I -S
+_watcher.py``, in its own session (hydra kills each rank's process group) that inherits the
+rank's stderr (mpiexec waits for it, so its line gets out) and reads a pipe whose only writer
+is the rank:
+
+- the rank writes :data:`CLEAN` at the end of its exit path: the watcher then exits silently;
+- the runtime's own aborts first create the job's ``claim`` file (:func:`claim`): they have
+  printed their report, and every watcher of the job stays silent;
+- end of file without either: the rank died outside Python. Its watcher reads the exit status
+  from ``/proc/<pid>/stat`` (set before the pipe closes, readable until the parent reaps the
+  rank), notes whether the other ranks under the same parent were still healthy and whether
+  that parent is alive, and writes a record into the job directory (in the temp dir, keyed by
+  the parent's pid and start time). After :data:`GRACE` s every watcher of the job reads the
+  records: the rank that died first (preferring one whose peers were all healthy when it
+  died; the process manager kills the others only after it) is the one to blame, and its
+  watcher, if that rank died by a signal (or of an unknown cause while no peer exited
+  normally) and the process manager was still there, claims the job and prints one line:
+  ``[disttensor] job aborted: rank K (pid P on host H) was killed by signal N (NAME) ...``.
+
+Normal exits of any status produce no line (hydra's own report stays). Watchers run only when
+every rank of the job is on this host (MPI_LOCALNRANKS == PMI_SIZE): across hosts the ranks
+stopped by the process manager could not be told from the one that died first.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from typing import Optional
+
+CLEAN = b"C"
+GRACE = 0.3  # s every watcher waits for the others' records before deciding
+ENV = "DISTTENSOR_WATCHER"  # "0": no watcher (python -m launch sets it)
+_LOCAL_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+_WORLD_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+_fd: Optional[int] = None  # the rank's end of the pipe
+_parent = 0  # the rank's parent (the process manager's local proxy)
+
+
+# -- /proc ------------------------------------------------------------------------------------
+
+def _stat(pid: int) -> Optional[list]:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> str:
+    s = _stat(pid)
+    return s[19] if s else "0"
+
+
+def job_dir(parent: int) -> str:
+    """Where the watchers of the ranks under ``parent`` meet (created on first failure)."""
+    base = os.path.join(tempfile.gettempdir(), f"disttensor-{os.getuid()}")
+    return os.path.join(base, f"{parent}-{_start_time(parent)}")
+
+
+def _exit_status(pid: int) -> tuple[str, int]:
+    """("signal", n), ("exit", status) or ("unknown", 0) for a rank whose pipe has closed."""
+    s = _stat(pid)
+    if s is None or len(s) < 50:
+        return "unknown", 0
+    code = int(s[49])
+    if code & 0x7F:
+        return "signal", code & 0x7F
+    return "exit", code >> 8
+
+
+def _dying(pid: int) -> tuple[bool, bool]:
+    """(not healthy, exited normally) for a peer: dead, exiting, or a kill signal pending."""
+    s = _stat(pid)
+    if s is None:
+        return True, False
+    code = int(s[49]) if len(s) >= 50 else 0
+    if s[0] in "ZXx" or code:
+        return True, not code & 0x7F
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd", "ShdPnd")):
+                    if int(line.split()[1], 16) & (1 << (signal.SIGKILL - 1) | 1 << (signal.SIGTERM - 1)):
+                        return True, False
+    except (OSError, ValueError):
+        return True, False
+    return False, False
+
+
+def _children(parent: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{parent}/task"):
+            with open(f"/proc/{parent}/task/{tid}/children") as f:
+                kids += [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        pass
+    return kids
+
+
+# -- the rank's side ------------------------------------------------------------------------
+
+def _env_int(names) -> Optional[int]:
+    for n in names:
+        v = os.environ.get(n, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def start(rank: int) -> None:
+    """Start this rank's watcher (once; nothing when turned off or the job spans hosts)."""
+    global _fd, _parent
+    local, world = _env_int(_LOCAL_VARS), _env_int(_WORLD_VARS)
+    if (_fd is not None or os.environ.get(ENV) == "0" or local is None or local != world
+            or not sys.platform.startswith("linux")):
+        return
+    import socket
+    import subprocess
+
+    _parent = os.getppid()
+    r, w = os.pipe()
+    host = os.environ.get("PMI_HOSTNAME") or socket.gethostname()
+    try:
+        subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(r),
+                          str(os.getpid()), str(rank), str(_parent), str(local), host],
+                         pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         start_new_session=True)
+    except OSError:
+        os.close(w)
+        return
+    finally:
+        os.close(r)
+    _fd = w
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _forget() -> None:
+    """A forked child must not keep the pipe open (its parent's death would go unseen)."""
+    global _fd
+    if _fd is not None:
+        try:
+            os.close(_fd)
+        except OSError:
+            pass
+        _fd = None
+
+
+def mark_clean() -> None:
+    """Tell the watcher this rank is leaving through Python's exit path."""
+    if _fd is not None:
+        try:
+            os.write(_fd, CLEAN)
+        except OSError:
+            pass
+
+
+def claim(reason: str) -> None:
+    """Before the runtime aborts the job with its own report: silence every watcher."""
+    if _fd is None:
+        return
+    d = job_dir(_parent)
+    try:
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(os.path.join(d, "claim"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, reason.encode(errors="replace")[:200])
+        os.close(fd)
+    except OSError:
+        pass
+
+
+# -- the watcher's side -----------------------------------------------------------------------
+
+def _purge_stale(base: str) -> None:
+    """Remove job directories whose process manager is gone."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid, _, start = name.partition("-")
+        if pid.isdigit() and _start_time(int(pid)) != start:
+            d = os.path.join(base, name)
+            try:
+                for f in os.listdir(d):
+                    os.unlink(os.path.join(d, f))
+                os.rmdir(d)
+            except OSError:
+                pass
+
+
+def _read_records(d: str) -> list[tuple]:
+    """(time of death, rank, peers were healthy, watcher started late) of each record."""
+    recs = []
+    for name in os.listdir(d):
+        if name.startswith("dead."):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    t, rank, healthy, late = f.read().split()
+                recs.append((float(t), int(rank), healthy == "1", late == "1"))
+            except (OSError, ValueError):
+                pass
+    return recs
+
+
+def _describe(kind: str, num: int) -> str:
+    if kind == "signal":
+        try:
+            return f"was killed by signal {num} ({signal.Signals(num).name})"
+        except ValueError:
+            return f"was killed by signal {num}"
+    if kind == "exit":
+        return f"exited with status {num} outside Python's exit path (os._exit or a C exit)"
+    return ("died outside Python's exit path: killed by a signal or crashed (or os._exit); its "
+            "exit status was collected before it could be read")
+
+
+def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> None:
+    d = job_dir(parent)
+    _purge_stale(os.path.dirname(d))
+    late = _dying(pid)[0]  # the rank died before this watcher was ready: no time of death
+    clean = False
+    while True:
+        b = os.read(fd, 64)
+        if not b:
+            break
+        clean = clean or CLEAN in b
+    t = time.monotonic()
+    if clean:
+        return
+    kind, num = _exit_status(pid)
+    claim_path = os.path.join(d, "claim")
+    if os.path.exists(claim_path):
+        return
+    peers = [p for p in _children(parent) if p != pid]
+    states = [_dying(p) for p in peers]
+    healthy_peers = sum(not s[0] for s in states) == local - 1
+    parent_alive = (_stat(parent) or ["Z"])[0] not in "ZXx"
+    peer_exited = any(s[1] for s in states)
+    try:
+        os.makedirs(d, exist_ok=True)
+        tmp = os.path.join(d, f"tmp.{rank}")
+        with open(tmp, "w") as f:
+            f.write(f"{t!r} {rank} {int(healthy_peers)} {int(late)}\n")
+        os.rename(tmp, os.path.join(d, f"dead.{rank}"))
+    except OSError:
+        return
+    while time.monotonic() < t + GRACE:  # meanwhile, note peers that exit normally
+        time.sleep(0.005)
+        peer_exited = peer_exited or any(_dying(p)[1] for p in peers)
+    recs = _read_records(d)
+    if os.path.exists(claim_path) or not recs or any(r[3] for r in recs):
+        return
+    # the first to die: one whose peers were all healthy then, else the earliest record
+    first = min([r for r in recs if r[2]] or recs)
+    if (first[1] != rank or not parent_alive or (kind == "exit" and num == 0)
+            or (kind != "signal" and peer_exited)):
+        return
+    try:
+        os.close(os.open(claim_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return
+    others = sorted(r[1] for r in recs if r[1] != rank)
+    stopped = f"ranks {others}" if others else "the other ranks"
+    os.write(2, (f"[disttensor] job aborted: rank {rank} (pid {pid} on host {host}) "
+                 f"{_describe(kind, num)}; {stopped} were stopped because of it\n"
+                 ).encode(errors="replace"))
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    try:
+        watch(int(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5])
+    except Exception:  # a watcher never outlives its rank, whatever happens
+        pass
