@@ -21,6 +21,8 @@ is the rank:
   watcher, if that rank died by a signal (or of an unknown cause while no peer exited
   normally) and the process manager was still there, claims the job and prints one line:
   ``[disttensor] job aborted: rank K (pid P on host H) was killed by signal N (NAME) ...``.
+  (The status comes from ``/proc/<pid>/stat`` while the rank is a zombie, and after the parent
+  reaped it from the pidfd the watcher opened at start, on Linux >= 6.15.)
 
 Normal exits of any status produce no line (hydra's own report stays). Watchers run only when
 every rank of the job is on this host (MPI_LOCALNRANKS == PMI_SIZE): across hosts the ranks
@@ -67,15 +69,39 @@ def job_dir(parent: int) -> str:
     return os.path.join(base, f"{parent}-{_start_time(parent)}")
 
 
-def _exit_status(pid: int) -> tuple[str, int]:
-    """("signal", n), ("exit", status) or ("unknown", 0) for a rank whose pipe has closed."""
-    s = _stat(pid)
-    if s is None or len(s) < 50:
-        return "unknown", 0
-    code = int(s[49])
-    if code & 0x7F:
-        return "signal", code & 0x7F
-    return "exit", code >> 8
+_PIDFD_GET_INFO = 0xC040FF0B  # _IOWR(0xFF, 11, struct pidfd_info), Linux >= 6.15
+_PIDFD_INFO_EXIT = 1 << 3
+
+
+def _reaped_status(pidfd: Optional[int]) -> Optional[int]:
+    """The wait status kept by a pidfd opened before the process exited (Linux >= 6.15)."""
+    if pidfd is None:
+        return None
+    import fcntl
+    import struct
+
+    buf = bytearray(64)
+    struct.pack_into("Q", buf, 0, _PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, buf)
+    except OSError:
+        return None
+    if not struct.unpack_from("Q", buf, 0)[0] & _PIDFD_INFO_EXIT:
+        return None
+    return struct.unpack_from("i", buf, 60)[0]
+
+
+def _exit_status(pid: int, pidfd: Optional[int]) -> tuple[str, int]:
+    """("signal", n), ("exit", status) or ("unknown", 0) for a rank whose pipe has closed: from
+    ``/proc/<pid>/stat`` until the parent reaps it, then from the pidfd where the kernel keeps
+    it."""
+    for _ in range(10):
+        s = _stat(pid)
+        code = int(s[49]) if s is not None and len(s) >= 50 else _reaped_status(pidfd)
+        if code is not None:
+            return ("signal", code & 0x7F) if code & 0x7F else ("exit", code >> 8)
+        time.sleep(0.002)
+    return "unknown", 0
 
 
 def _dying(pid: int) -> tuple[bool, bool]:
@@ -228,6 +254,10 @@ def _describe(kind: str, num: int) -> str:
 def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> None:
     d = job_dir(parent)
     _purge_stale(os.path.dirname(d))
+    try:
+        pidfd: Optional[int] = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
     late = _dying(pid)[0]  # the rank died before this watcher was ready: no time of death
     clean = False
     while True:
@@ -238,7 +268,7 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
     t = time.monotonic()
     if clean:
         return
-    kind, num = _exit_status(pid)
+    kind, num = _exit_status(pid, pidfd)
     claim_path = os.path.join(d, "claim")
     if os.path.exists(claim_path):
         return
