@@ -8,7 +8,8 @@ _watcher.py``, in its own session (hydra kills each rank's process group) that i
 rank's stderr (mpiexec waits for it, so its line gets out) and reads a pipe whose only writer
 is the rank:
 
-- the rank writes :data:`CLEAN` at the end of its exit path: the watcher then exits silently;
+- the rank writes :data:`CLEAN` at the end of its exit path: the watcher exits at once, silent
+  (so it is never what a normal job's end waits for);
 - the runtime's own aborts first create the job's ``claim`` file (:func:`claim`): they have
   printed their report, and every watcher of the job stays silent;
 - end of file without either: the rank died outside Python. Its watcher reads the exit status
@@ -31,11 +32,8 @@ stopped by the process manager could not be told from the one that died first.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import tempfile
-import time
-from typing import Optional
+import time  # (the watcher imports nothing else at start: it must start fast)
 
 CLEAN = b"C"
 GRACE = 0.3  # s every watcher waits for the others' records before deciding
@@ -43,13 +41,14 @@ ENV = "DISTTENSOR_WATCHER"  # "0": no watcher (python -m launch sets it)
 _LOCAL_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 _WORLD_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 
-_fd: Optional[int] = None  # the rank's end of the pipe
+_fd: int | None = None  # the rank's end of the pipe
+_proc = None  # the watcher (kept so that its Popen is never collected while it runs)
 _parent = 0  # the rank's parent (the process manager's local proxy)
 
 
 # -- /proc ------------------------------------------------------------------------------------
 
-def _stat(pid: int) -> Optional[list]:
+def _stat(pid: int) -> list | None:
     """Fields of ``/proc/<pid>/stat`` after the command name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -65,7 +64,8 @@ def _start_time(pid: int) -> str:
 
 def job_dir(parent: int) -> str:
     """Where the watchers of the ranks under ``parent`` meet (created on first failure)."""
-    base = os.path.join(tempfile.gettempdir(), f"disttensor-{os.getuid()}")
+    tmp = next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
+    base = os.path.join(tmp, f"disttensor-{os.getuid()}")
     return os.path.join(base, f"{parent}-{_start_time(parent)}")
 
 
@@ -73,7 +73,7 @@ _PIDFD_GET_INFO = 0xC040FF0B  # _IOWR(0xFF, 11, struct pidfd_info), Linux >= 6.1
 _PIDFD_INFO_EXIT = 1 << 3
 
 
-def _reaped_status(pidfd: Optional[int]) -> Optional[int]:
+def _reaped_status(pidfd: int | None) -> int | None:
     """The wait status kept by a pidfd opened before the process exited (Linux >= 6.15)."""
     if pidfd is None:
         return None
@@ -91,7 +91,7 @@ def _reaped_status(pidfd: Optional[int]) -> Optional[int]:
     return struct.unpack_from("i", buf, 60)[0]
 
 
-def _exit_status(pid: int, pidfd: Optional[int]) -> tuple[str, int]:
+def _exit_status(pid: int, pidfd: int | None) -> tuple[str, int]:
     """("signal", n), ("exit", status) or ("unknown", 0) for a rank whose pipe has closed: from
     ``/proc/<pid>/stat`` until the parent reaps it, then from the pidfd where the kernel keeps
     it."""
@@ -116,7 +116,7 @@ def _dying(pid: int) -> tuple[bool, bool]:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith(("SigPnd", "ShdPnd")):
-                    if int(line.split()[1], 16) & (1 << (signal.SIGKILL - 1) | 1 << (signal.SIGTERM - 1)):
+                    if int(line.split()[1], 16) & (1 << (9 - 1) | 1 << (15 - 1)):  # KILL, TERM
                         return True, False
     except (OSError, ValueError):
         return True, False
@@ -136,7 +136,7 @@ def _children(parent: int) -> list[int]:
 
 # -- the rank's side ------------------------------------------------------------------------
 
-def _env_int(names) -> Optional[int]:
+def _env_int(names) -> int | None:
     for n in names:
         v = os.environ.get(n, "")
         if v.isdigit():
@@ -146,22 +146,21 @@ def _env_int(names) -> Optional[int]:
 
 def start(rank: int) -> None:
     """Start this rank's watcher (once; nothing when turned off or the job spans hosts)."""
-    global _fd, _parent
+    global _fd, _parent, _proc
     local, world = _env_int(_LOCAL_VARS), _env_int(_WORLD_VARS)
     if (_fd is not None or os.environ.get(ENV) == "0" or local is None or local != world
             or not sys.platform.startswith("linux")):
         return
-    import socket
     import subprocess
 
     _parent = os.getppid()
     r, w = os.pipe()
-    host = os.environ.get("PMI_HOSTNAME") or socket.gethostname()
-    try:
-        subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(r),
-                          str(os.getpid()), str(rank), str(_parent), str(local), host],
-                         pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         start_new_session=True)
+    host = os.environ.get("PMI_HOSTNAME") or os.uname().nodename
+    try:  # (the watcher leaves the rank's session itself: start_new_session would forbid vfork)
+        _proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(r),
+                                  str(os.getpid()), str(rank), str(_parent), str(local), host],
+                                 pass_fds=(r,), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL)
     except OSError:
         os.close(w)
         return
@@ -241,6 +240,8 @@ def _read_records(d: str) -> list[tuple]:
 
 def _describe(kind: str, num: int) -> str:
     if kind == "signal":
+        import signal
+
         try:
             return f"was killed by signal {num} ({signal.Signals(num).name})"
         except ValueError:
@@ -252,22 +253,20 @@ def _describe(kind: str, num: int) -> str:
 
 
 def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> None:
+    os.setsid()  # out of the rank's process group, which the process manager kills
     d = job_dir(parent)
-    _purge_stale(os.path.dirname(d))
     try:
-        pidfd: Optional[int] = os.pidfd_open(pid)
+        pidfd: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):
         pidfd = None
     late = _dying(pid)[0]  # the rank died before this watcher was ready: no time of death
-    clean = False
     while True:
         b = os.read(fd, 64)
+        if CLEAN in b:  # the rank is on Python's exit path: leave now, not at its end
+            return
         if not b:
             break
-        clean = clean or CLEAN in b
     t = time.monotonic()
-    if clean:
-        return
     kind, num = _exit_status(pid, pidfd)
     claim_path = os.path.join(d, "claim")
     if os.path.exists(claim_path):
@@ -277,6 +276,7 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
     healthy_peers = sum(not s[0] for s in states) == local - 1
     parent_alive = (_stat(parent) or ["Z"])[0] not in "ZXx"
     peer_exited = any(s[1] for s in states)
+    _purge_stale(os.path.dirname(d))
     try:
         os.makedirs(d, exist_ok=True)
         tmp = os.path.join(d, f"tmp.{rank}")
