@@ -13,21 +13,20 @@ is the rank:
 - the runtime's own aborts first create the job's ``claim`` file (:func:`claim`): they have
   printed their report, and every watcher of the job stays silent;
 - end of file without either: the rank died outside Python. Its watcher reads the exit status
-  from ``/proc/<pid>/stat`` (set before the pipe closes, readable until the parent reaps the
-  rank), notes whether the other ranks under the same parent were still healthy and whether
-  that parent is alive, and writes a record into the job directory (in the temp dir, keyed by
-  the parent's pid and start time). After :data:`GRACE` s every watcher of the job reads the
-  records: the rank that died first (preferring one whose peers were all healthy when it
-  died; the process manager kills the others only after it) is the one to blame, and its
-  watcher, if that rank died by a signal (or of an unknown cause while no peer exited
-  normally) and the process manager was still there, claims the job and prints one line:
-  ``[disttensor] job aborted: rank K (pid P on host H) was killed by signal N (NAME) ...``.
-  (The status comes from ``/proc/<pid>/stat`` while the rank is a zombie, and after the parent
-  reaped it from the pidfd the watcher opened at start, on Linux >= 6.15.)
+  (``/proc/<pid>/stat`` until the parent reaps the rank, then the pidfd it opened at start,
+  which keeps it on Linux >= 6.15), notes whether the other ranks under the same parent were
+  all still healthy, and records its time of death in the job directory (temp dir, keyed by
+  the parent's pid and start time). After :data:`GRACE` s every watcher reads the records; the
+  rank that died first (preferring one whose peers were all healthy then: the process manager
+  kills the others only after it) is blamed by its own watcher, which claims the job and
+  prints ``[disttensor] job aborted: rank K (pid P on host H) was killed by signal N (NAME);
+  ranks [...] were stopped because of it``.
 
-Normal exits of any status produce no line (hydra's own report stays). Watchers run only when
-every rank of the job is on this host (MPI_LOCALNRANKS == PMI_SIZE): across hosts the ranks
-stopped by the process manager could not be told from the one that died first.
+Nothing is printed for an exit with status 0 (or an unknown status while a peer exited
+normally: every rank may leave by ``os._exit(0)``), when the parent was gone (MPI's own abort),
+or when a watcher started after its rank had died (no time of death to compare). Watchers run
+only when every rank of the job is on this host (MPI_LOCALNRANKS == PMI_SIZE): across hosts a
+rank stopped by the process manager could not be told from the one that died first.
 """
 from __future__ import annotations
 
@@ -206,16 +205,17 @@ def claim(reason: str) -> None:
 
 # -- the watcher's side -----------------------------------------------------------------------
 
-def _purge_stale(base: str) -> None:
-    """Remove job directories whose process manager is gone."""
+def _purge_stale(mine: str) -> None:
+    """Remove other jobs' directories whose process manager is gone."""
+    base = os.path.dirname(mine)
     try:
         names = os.listdir(base)
     except OSError:
         return
     for name in names:
         pid, _, start = name.partition("-")
-        if pid.isdigit() and _start_time(int(pid)) != start:
-            d = os.path.join(base, name)
+        d = os.path.join(base, name)
+        if d != mine and pid.isdigit() and _start_time(int(pid)) != start:
             try:
                 for f in os.listdir(d):
                     os.unlink(os.path.join(d, f))
@@ -276,7 +276,7 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
     healthy_peers = sum(not s[0] for s in states) == local - 1
     parent_alive = (_stat(parent) or ["Z"])[0] not in "ZXx"
     peer_exited = any(s[1] for s in states)
-    _purge_stale(os.path.dirname(d))
+    _purge_stale(d)
     try:
         os.makedirs(d, exist_ok=True)
         tmp = os.path.join(d, f"tmp.{rank}")
@@ -301,10 +301,10 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
     except OSError:
         return
     others = sorted(r[1] for r in recs if r[1] != rank)
-    stopped = f"ranks {others}" if others else "the other ranks"
+    stopped = "" if local == 1 else \
+        f"; {f'ranks {others}' if others else 'the other ranks'} were stopped because of it"
     os.write(2, (f"[disttensor] job aborted: rank {rank} (pid {pid} on host {host}) "
-                 f"{_describe(kind, num)}; {stopped} were stopped because of it\n"
-                 ).encode(errors="replace"))
+                 f"{_describe(kind, num)}{stopped}\n").encode(errors="replace"))
 
 
 if __name__ == "__main__":

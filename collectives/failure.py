@@ -18,6 +18,10 @@ Installed by ``import collectives`` in a process started under MPI (nothing happ
   ``init_parallel_env(timeout=...)``) it aborts naming the collective, its call site and the
   members that never arrived.
 
+- **Death outside Python** (SIGKILL, segfault, ``os._exit``): no hook runs in the dying rank,
+  so each rank has a watcher process (:mod:`collectives._watcher`) that names it under plain
+  ``mpiexec``; the runtime's aborts claim the job first so that watchers stay silent.
+
 Every report starts with ``[disttensor] job aborted: rank K ...`` naming the rank to blame
 (``launch`` reads that line).
 """
