@@ -285,7 +285,9 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
         os.rename(tmp, os.path.join(d, f"dead.{rank}"))
     except OSError:
         return
-    while time.monotonic() < t + GRACE:  # meanwhile, note peers that exit normally
+    # wait GRACE s (and up to 1 s more for every rank's record), noting peers that exit normally
+    while time.monotonic() < t + GRACE or (len(_read_records(d)) < local
+                                           and time.monotonic() < t + GRACE + 1):
         time.sleep(0.005)
         peer_exited = peer_exited or any(_dying(p)[1] for p in peers)
     recs = _read_records(d)
