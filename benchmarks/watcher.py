@@ -28,21 +28,25 @@ JOB = ("import numpy as np, collectives as C; g = C.init(); "
        "assert g.all_reduce(np.ones(4), 'sum')[0] == g.size")
 
 
+MARK = f"DISTTENSOR_BENCH_WATCHER={os.getpid()}"  # in our jobs' environment, so their watchers'
+
+
 def watchers() -> int:
+    """Watcher processes of this benchmark's jobs still running."""
     script = os.path.join(ROOT, "collectives", "_watcher.py").encode()
     n = 0
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    n += script in f.read()
+                with open(f"/proc/{name}/cmdline", "rb") as f, open(f"/proc/{name}/environ", "rb") as e:
+                    n += script in f.read() and MARK.encode() in e.read().split(b"\0")
             except OSError:
                 pass
     return n
 
 
 def one(mpiexec: str, nproc: int, watcher: bool) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    env = dict(os.environ, OMP_NUM_THREADS="1", **dict([MARK.split("=")]),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if not watcher:
         env["DISTTENSOR_WATCHER"] = "0"
