@@ -18,6 +18,10 @@ Installed by ``import collectives`` in a process started under MPI (nothing happ
   ``init_parallel_env(timeout=...)``) it aborts naming the collective, its call site and the
   members that never arrived.
 
+- **Death outside Python** (SIGKILL, segfault, ``os._exit``): no hook runs in the dying rank,
+  so each rank has a watcher process (:mod:`collectives._watcher`) that names it under plain
+  ``mpiexec``; the runtime's aborts claim the job first so that watchers stay silent.
+
 Every report starts with ``[disttensor] job aborted: rank K ...`` naming the rank to blame
 (``launch`` reads that line).
 """
@@ -31,6 +35,8 @@ import threading
 import time
 import traceback
 from typing import Any, Optional
+
+from . import _watcher
 
 TIMEOUT_ENV = "DISTTENSOR_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
@@ -118,6 +124,7 @@ def _write(text: str) -> None:
 def abort(text: str, code: int = 1) -> None:
     """Print ``text``, give the process manager a moment to forward it, end the whole job."""
     try:
+        _watcher.claim(text.strip().splitlines()[-1] if text.strip() else "abort")
         _write(text)
         time.sleep(0.2)
     finally:
@@ -365,6 +372,7 @@ def _at_exit() -> None:
         time.sleep(0.005)
     c.drain()
     c.finish_sends()
+    _watcher.mark_clean()
 
 
 def is_rank_process() -> bool:
@@ -388,6 +396,7 @@ def install() -> None:
         return
     _installed = True
     faulthandler.enable(all_threads=True)
+    _watcher.start(_world_rank())
     sys.excepthook = _sys_hook
     threading.excepthook = _thread_hook
     sys.exit = _recording_exit

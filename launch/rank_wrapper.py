@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     if args.gpus:
         env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env["DISTTENSOR_WATCHER"] = "0"  # this wrapper reports a rank that dies outside Python
     os.makedirs(args.log_dir, exist_ok=True)
     log_path = os.path.join(args.log_dir, f"rank_{rank}.log")
     tb_marker = os.path.join(args.log_dir, f"rank_{rank}.traceback")

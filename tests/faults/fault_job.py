@@ -88,6 +88,11 @@ for step in range(steps):
         os.kill(os.getpid(), signal.SIGKILL)
     if hit("segfault", step):
         ctypes.string_at(0)
+    if hit("os_exit3", step):
+        os._exit(3)
+    if hit("mpi_abort", step):  # MPI's own abort, not the runtime's
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(7)
     if hit("blocked", step):
         time.sleep(3600)
     if hit("numpy_one_rank", step):
@@ -97,3 +102,5 @@ for step in range(steps):
         t = dt.to_tensor(np.ones(4))
         dt.all_reduce(t, op=dt.ReduceOp.MAX if RANK == BAD else dt.ReduceOp.SUM)
 print(f"rank {RANK} final loss {float(loss.numpy()):.6f}", flush=True)
+if FAULT == "os_exit_all":  # every rank leaves without Python's exit path, status 0
+    os._exit(0)

@@ -3,7 +3,11 @@
 non-zero status within 10 s of the fault (within the watchdog timeout plus 10 s where only the
 timeout can tell), with a report naming rank 1 and what it did; the clean run, and a run whose
 step 1 has a bad label in rank 1's rows (the error is raised on every rank, which all skip the
-batch), must end with status 0 and the loss numpy gives."""
+batch), must end with status 0 and the loss numpy gives.
+
+Under plain mpiexec a rank that dies outside Python (SIGKILL, segfault, ``os._exit``) is named by
+its watcher process (collectives/_watcher.py) in one line; no other case may print that line,
+and no watcher may outlive its job."""
 import os
 import re
 import subprocess
@@ -38,6 +42,7 @@ FAULTS = {
     "one_step_fewer": ("rank 1 called a different collective", False),
     "sigkill": ("signal 9", False),
     "segfault": ("Segmentation fault(.|\\n)*fault_job.py", False),
+    "os_exit3": ("rank 1 .*(exit status 3|exited with status 3)", False),
     "blocked": ("rank 1 did not arrive", True),
     "numpy_one_rank": (r"rank 1 called a different collective(.|\n)*Tensor.numpy\(\), "
                        "which is a collective", False),
@@ -47,6 +52,30 @@ FAULTS = {
                            False),
     "swapped_collectives": ("rank 1 called a different collective(.|\n)*rank 1: all_reduce.*op=max", False),
 }
+
+
+# what a rank's watcher prints under plain mpiexec for a rank that died outside Python
+WATCHER_LINE = r"\[disttensor\] job aborted: rank (\d+) \(pid \d+ on host \S+\) (.*); (.*) were stopped because of it"
+WATCHED = {  # fault -> how rank 1's death is described
+    "sigkill": r"was killed by signal 9 \(SIGKILL\)",
+    "segfault": r"was killed by signal 11 \(SIGSEGV\)",
+    "os_exit3": r"exited with status 3 outside Python's exit path",
+}
+WATCHER_SCRIPT = os.path.join(ROOT, "collectives", "_watcher.py")
+
+
+def live_watchers() -> set[int]:
+    """Pids of running watcher processes of this checkout."""
+    pids = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if WATCHER_SCRIPT.encode() in f.read():
+                        pids.add(int(name))
+            except OSError:
+                pass
+    return pids
 
 
 def numpy_loss(skipped: tuple[int, ...] = ()) -> float:
@@ -76,22 +105,31 @@ def run(tmp_path, fault: str, how: str, **extra_env):
         cmd = [MPIEXEC, "-n", "4", sys.executable, job]
     else:
         cmd = [sys.executable, "-m", "launch", "--nproc", "4", "--log-dir", str(tmp_path / "logs"), job]
+    before = live_watchers()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=120, env=env, cwd=str(tmp_path))
     end = time.time()
+    # after an MPI_Abort mpiexec returns without waiting for the killed ranks and their watchers
+    give_up = time.monotonic() + 3
+    while live_watchers() - before and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert not live_watchers() - before, "a watcher outlived its job:\n" + r.stdout
     marker = tmp_path / "fault_time"
     since = end - float(marker.read_text()) if marker.exists() else None
     return r, since
 
 
-@pytest.mark.parametrize("how", ["mpiexec", "launch"])
-@pytest.mark.parametrize("fault", ["none", "caught_label_error"])
+@pytest.mark.parametrize("fault,how", [
+    (f, h) for f in ("none", "caught_label_error") for h in ("mpiexec", "launch")
+] + [("os_exit_all", "mpiexec")])  # (launch's wrappers leave MPI one by one: hydra kills the rest)
 def test_clean_run(tmp_path, fault, how):
-    """A clean run, and one whose step 1 has a label out of range in rows held by ranks 0 and 1
+    """A clean run; one whose step 1 has a label out of range in rows held by ranks 0 and 1
     only: the label check raises on every rank, every rank skips that step, and the job ends
-    with status 0 and numpy's loss without that step's update."""
+    with status 0 and numpy's loss without that step's update; and one whose ranks all leave
+    by ``os._exit(0)`` after the last step. None prints a failure report."""
     r, _ = run(tmp_path, fault, how)
     assert r.returncode == 0, r.stdout
+    assert "[disttensor]" not in r.stdout, r.stdout
     # ranks' lines may interleave
     losses = [float(v) for v in re.findall(r"final loss (-?[0-9.]+)", r.stdout)]
     expect = numpy_loss((1,) if fault == "caught_label_error" else ())
@@ -115,6 +153,23 @@ def test_fault_ends_job(tmp_path, fault, how):
     assert re.search(text, out), out
     if how == "launch":
         assert "launch: rank 1 failed" in out, out
+    watched = re.findall(WATCHER_LINE, out)
+    if how == "mpiexec" and fault in WATCHED:  # named by rank, once, the others as stopped
+        assert len(watched) == 1 and watched[0][0] == "1", out
+        assert re.match(WATCHED[fault], watched[0][1]), out
+        assert watched[0][2] == "ranks [0, 2, 3]", out
+        assert len(re.findall(r"\[disttensor\] job aborted", out)) == 1, out
+    else:  # the runtime's own report, or launch's, and no watcher line
+        assert not watched, out
+
+
+def test_mpi_abort_is_not_blamed_on_a_rank_by_the_watchers(tmp_path):
+    """``MPI_Abort`` called by the program itself (not through the runtime): MPI's own line
+    names the rank; the watchers of the ranks MPI killed stay silent."""
+    r, since = run(tmp_path, "mpi_abort", "mpiexec")
+    assert r.returncode != 0 and since is not None and since < 10, r.stdout
+    assert "MPI_Abort(MPI_COMM_WORLD, 7) - process 1" in r.stdout, r.stdout
+    assert not re.findall(WATCHER_LINE, r.stdout), r.stdout
 
 
 def test_debug_mode_finds_ranks_holding_different_replicated_data(tmp_path):
