@@ -281,8 +281,8 @@ def _perturbed(buffers: Sequence[Buffer]) -> dict[int, int]:
 def _hill_climb(buffers: Sequence[Buffer]) -> dict[int, int]:
     """Greedy placement in an order improved by local moves (as TVM's USMP hill climb): move a
     buffer that reaches the top of the arena to a random earlier place in the order, keep the
-    move unless the arena grows; restart from the by-size order every 16 moves (seeded). At most
-    64 placements (40000 / buffers on large programs); stops at the lower bound."""
+    move unless the arena grows; restart from the by-size order every 32 moves (seeded). At most
+    256 placements (40000 / buffers on large programs); stops at the lower bound."""
     rng = random.Random(0)
     bound = lower_bound(buffers)
     start = sorted(buffers, key=lambda b: (-b.size, b.first, b.id))
@@ -292,11 +292,11 @@ def _hill_climb(buffers: Sequence[Buffer]) -> dict[int, int]:
         offsets = _greedy(buffers, lambda b: (rank[b.id],))
         return _arena_size(buffers, offsets), offsets
     first = best_size, best = place(start)
-    rounds = min(64, 40000 // max(len(buffers), 1))
+    rounds = min(256, 40000 // max(len(buffers), 1))
     for r in range(rounds):
         if best_size <= bound:
             break
-        if r % 16 == 0:
+        if r % 32 == 0:
             order = list(start)
             size, offsets = first
         pos = {b.id: k for k, b in enumerate(order)}
