@@ -59,6 +59,26 @@ def mpi_type(dtype) -> "MPI.Datatype":
     return t
 
 
+#: all_gather along a non-leading axis receives in place (vector datatypes) from this many
+#: result bytes on; below, one flat Allgather plus an interleaving copy is faster
+#: (benchmarks/reshard.py, S(1)->R)
+STRIDED_MIN_BYTES = 1 << 20
+_GATHER_TAG = 11
+_vector_types: dict = {}
+
+
+def _vector_type(dtype, count: int, block: int, stride: int) -> "MPI.Datatype":
+    """``count`` blocks of ``block`` elements, ``stride`` elements apart (committed once and
+    cached per (dtype, count, block, stride); at most 256 kept)."""
+    key = (np.dtype(dtype), count, block, stride)
+    t = _vector_types.get(key)
+    if t is None:
+        if len(_vector_types) >= 256:
+            _vector_types.pop(next(iter(_vector_types))).Free()
+        t = _vector_types[key] = mpi_type(dtype).Create_vector(count, block, stride).Commit()
+    return t
+
+
 def _too_big(*ns: int) -> bool:
     return (not NATIVE_LARGE_COUNT) and max(ns, default=0) > MAX_COUNT
 
@@ -155,11 +175,13 @@ class MPIGroup(ProcessGroup):
         self._gather_comm = comm.Dup()
         self._a2a_comm = comm.Dup()
         self._bcast_comm = comm.Dup()
+        self._sendrecv_comm = comm.Dup()
         self._barrier_comm = comm.Dup()
         self._meta_comm = comm.Dup()  # exchange_metadata
         for c in (*[c for lane in self._reduce_comm.values() for c in lane],
                   *self._rs_comm.values(), self._gather_comm,
-                  self._a2a_comm, self._bcast_comm, self._barrier_comm, self._meta_comm):
+                  self._a2a_comm, self._bcast_comm, self._sendrecv_comm, self._barrier_comm,
+                  self._meta_comm):
             c.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
 
@@ -250,20 +272,42 @@ class MPIGroup(ProcessGroup):
         return _back(buf, axis, out)
 
     def _all_gather_interleaved(self, x, axis, sizes, out, outer, inner):
-        """Non-zero axis: every rank's C-contiguous buffer travels as is (flat, along axis 0)
-        and the pieces are interleaved into place on arrival: one copy in all (moving the axis
-        to the front and back would take two; MPI vector datatypes were far slower here)."""
+        """Non-zero axis. Large results: each piece is received straight into its strided place
+        (point-to-point, an MPI vector datatype per source) and sent from x as it is — no copy
+        besides MPI's own. Small ones: every rank's buffer travels flat through one Allgather
+        and is interleaved into place on arrival (one copy, fewer calls)."""
+        shape = list(x.shape)
+        total = shape[axis] = sum(sizes)
+        res = out if out is not None else np.empty(shape, dtype=x.dtype)
+        if res.nbytes >= STRIDED_MIN_BYTES and not _too_big(res.size):
+            return self._all_gather_strided(np.ascontiguousarray(x), sizes, res, outer, inner)
         flat = self.np_all_gather(np.ascontiguousarray(x).reshape(-1), 0,
                                   [outer * s * inner for s in sizes], None)
-        shape = list(x.shape)
-        shape[axis] = sum(sizes)
-        res = out if out is not None else np.empty(shape, dtype=x.dtype)
-        res3 = res.reshape(outer, shape[axis], inner)
+        res3 = res.reshape(outer, total, inner)
         pos = off = 0
         for s in sizes:
             res3[:, off:off + s, :] = flat[pos:pos + outer * s * inner].reshape(outer, s, inner)
             pos += outer * s * inner
             off += s
+        return res
+
+    def _all_gather_strided(self, x, sizes, res, outer, inner):
+        size, me, comm = self.size, self.rank, self._gather_comm
+        total = sum(sizes)
+        offs = C.offsets(sizes)
+        flat = res.reshape(-1)
+        T = mpi_type(x.dtype)
+        reqs = []
+        for k in range(1, size):
+            frm, to = (me - k) % size, (me + k) % size
+            if sizes[frm] * inner:
+                vt = _vector_type(x.dtype, outer, sizes[frm] * inner, total * inner)
+                reqs.append(comm.Irecv([flat[offs[frm] * inner:], 1, vt], frm, _GATHER_TAG))
+            if x.size:
+                reqs.append(comm.Isend([x, T], to, _GATHER_TAG))
+        res.reshape(outer, total, inner)[:, offs[me]:offs[me] + sizes[me]] = \
+            x.reshape(outer, sizes[me], inner)
+        MPI.Request.Waitall(reqs)
         return res
 
     def _reduce_scatter(self, x, op, axis, sizes, out):
@@ -410,6 +454,28 @@ class MPIGroup(ProcessGroup):
                 self._bcast_comm.Bcast([bf[a:b], T], root=src)
         else:
             self._bcast_comm.Bcast([buf, T], root=src)
+        return buf
+
+    def _sendrecv(self, x, dst, src, shape, out):
+        if C.is_cupy(x):
+            return self._gpu_impl().sendrecv(x, dst, src, shape, out)
+        return self.np_sendrecv(x, dst, src, shape, out)
+
+    def np_sendrecv(self, x, dst, src, shape, out):
+        send = np.asarray(x, order="C")
+        buf = out if out is not None else np.empty(shape, dtype=x.dtype)
+        if dst == self.rank:
+            np.copyto(buf, send)
+            return buf
+        T = mpi_type(x.dtype)
+        comm = self._sendrecv_comm
+        if _too_big(send.size, buf.size):
+            sf, rf = send.reshape(-1), buf.reshape(-1)
+            reqs = [comm.Irecv([rf[a:b], T], src, 0) for a, b in _chunks(buf.size)]
+            reqs += [comm.Isend([sf[a:b], T], dst, 0) for a, b in _chunks(send.size)]
+            MPI.Request.Waitall(reqs)
+        else:
+            comm.Sendrecv([send, T], dst, 0, [buf, T], src, 0)
         return buf
 
     def _send(self, x, dst, tag):

@@ -244,6 +244,34 @@ class ProcessGroup:
             return data
         return self._recv(shape, dtype, src, int(tag), want_cupy, out)
 
+    def sendrecv(self, x, dst: int, src: Optional[int] = None,
+                 recv_shape: Optional[Sequence[int]] = None, *, out=None):
+        """Send ``x`` to group rank ``dst`` while receiving from group rank ``src`` (default
+        ``dst``) an array of ``recv_shape`` (default ``x.shape``) and x's dtype: the received
+        array (new, or ``out``). A collective of the whole group whose (dst, src) pairs form a
+        permutation: a pairwise exchange, a ring shift; a rank with dst == src == itself gets a
+        copy of ``x``."""
+        name = "sendrecv"
+        if type(x) is not np.ndarray:
+            x = C.as_array(x, name, "x")
+        dst = C.check_peer(dst, self.size, name, "dst")
+        src = dst if src is None else C.check_peer(src, self.size, name, "src")
+        if (dst == self.rank) != (src == self.rank):
+            raise ValueError(f"{name}: group rank {self.rank} sends to {dst} but receives from "
+                             f"{src}; a rank exchanges with itself on both sides or neither")
+        shape = tuple(x.shape) if recv_shape is None else tuple(int(d) for d in recv_shape)
+        if dst == self.rank and shape != tuple(x.shape):
+            raise ValueError(f"{name}: recv_shape={list(shape)} but group rank {self.rank} "
+                             f"receives its own x ({C.describe(x)})")
+        C.check_out(out, shape, x.dtype, name, C.is_cupy(x))
+        self._begin(name, (("dtype", x.dtype.str),))
+        try:
+            return self._sendrecv(x, dst, src, shape, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
+
     def exchange_metadata(self, obj: Any) -> list:
         """Every rank's picklable ``obj``, in group-rank order: the runtime's metadata checks.
         Watched like any collective, but not counted in ``collective_counts()`` (like the size
@@ -313,6 +341,9 @@ class LocalGroup(ProcessGroup):
         return _finish(x.copy(), out)
 
     def _broadcast(self, x, src, out):
+        return _finish(x.copy(), out)
+
+    def _sendrecv(self, x, dst, src, shape, out):
         return _finish(x.copy(), out)
 
     def _send(self, x, dst, tag):  # pragma: no cover - dst is always self here

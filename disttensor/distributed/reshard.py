@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+import collectives
 from spmd_rules import DistAttr, ProcessMesh, ReshardPlan, Step, local_slices, split_range
 
 from ..tensor import array_module
@@ -91,8 +92,8 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
 
 
 def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
-    """Exchange pieces with the rank whose coordinates along the two mesh dims are swapped
-    (the lower rank sends first, so blocking point-to-point calls cannot deadlock)."""
+    """One ``sendrecv`` with the rank whose coordinates along the two mesh dims are swapped,
+    on the group of the two."""
     a, b = step.mesh_dim, step.split_dim
     other = list(coord)
     other[a], other[b] = coord[b], coord[a]
@@ -100,18 +101,8 @@ def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
         return lambda arr: arr  # already holds its target piece
     peer, me = mesh.rank_at(other), get_rank()
     out_shape = tuple(s.stop - s.start for s in local_slices(shape, step.after, coord))
-    w = world()
-
-    def swap(arr):
-        like = None if isinstance(arr, np.ndarray) else arr
-        send = np.ascontiguousarray(arr) if like is None else arr
-        if me < peer:
-            w.send(send, peer)
-            return w.recv(out_shape, arr.dtype, peer, like=like)
-        got = w.recv(out_shape, arr.dtype, peer, like=like)
-        w.send(send, peer)
-        return got
-    return swap
+    pair = collectives.new_group(sorted((me, peer)))
+    return partial(pair.sendrecv, dst=1 - pair.rank, recv_shape=out_shape)
 
 
 def _identity(reduce_type: str, dtype):

@@ -103,11 +103,22 @@ def gather_sizes(k, mode):
     return [3] * k
 
 
+@pytest.fixture(params=["interleave", "strided"])
+def gather_path(request, monkeypatch):
+    """all_gather along a non-leading axis both ways: flat Allgather + interleave, and
+    receives straight into place through vector datatypes."""
+    if request.param == "strided" and collectives.is_mpi():
+        from collectives import _mpi
+
+        monkeypatch.setattr(_mpi, "STRIDED_MIN_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["uneven", "few", "even"])
 @pytest.mark.parametrize("axis,ndim", [(0, 2), (1, 3), (-1, 3)])
 @pytest.mark.parametrize("pass_sizes", [False, True])
-def test_all_gather(g, dtype, mode, axis, ndim, pass_sizes):
+def test_all_gather(g, dtype, mode, axis, ndim, pass_sizes, gather_path):
     sizes = gather_sizes(g.size, mode)
     base = [2, 3, 4][:ndim]
     ax = axis % ndim
@@ -123,13 +134,14 @@ def test_all_gather(g, dtype, mode, axis, ndim, pass_sizes):
     np.testing.assert_array_equal(got, expect)
 
 
-def test_all_gather_out(g):
+def test_all_gather_out(g, gather_path):
     sizes = gather_sizes(g.size, "uneven")
-    x = data(g.rank, (sizes[g.rank], 3), np.float64)
-    out = np.empty((sum(sizes), 3))
-    res = g.all_gather(x, 0, sizes=sizes, out=out)
-    assert res is out
-    np.testing.assert_array_equal(out, np.concatenate([data(r, (sizes[r], 3), np.float64) for r in range(g.size)]))
+    for axis, shape_of in ((0, lambda k: (k, 3)), (1, lambda k: (4, k, 2))):
+        xs = [data(r, shape_of(sizes[r]), np.float64) for r in range(g.size)]
+        out = np.full(shape_of(sum(sizes)), np.nan)
+        res = g.all_gather(xs[g.rank], axis, sizes=sizes, out=out)
+        assert res is out
+        np.testing.assert_array_equal(out, np.concatenate(xs, axis))
 
 
 # ------------------------------------------------------------------------- reduce_scatter
@@ -232,6 +244,27 @@ def test_send_recv_ring(g):
     g.barrier()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sendrecv_ring_and_pairs(g, dtype):
+    """A ring shift with pieces of different shapes per rank, then pairwise exchanges
+    (odd sizes leave the last rank to itself), into a given buffer."""
+    k, me = g.size, g.rank
+    dst, src = (me + 1) % k, (me - 1) % k
+    got = g.sendrecv(data(me, (me + 1, 3), dtype), dst, src, recv_shape=(src + 1, 3))
+    np.testing.assert_array_equal(got, data(src, (src + 1, 3), dtype))
+    peer = me ^ 1 if (me ^ 1) < k else me
+    out = np.empty((2, 5), dtype)
+    x = data(me, (2, 5), dtype, salt=1)
+    assert g.sendrecv(x, peer, out=out) is out
+    np.testing.assert_array_equal(out, data(peer, (2, 5), dtype, salt=1))
+    assert not np.shares_memory(out, x)
+    with pytest.raises(ValueError, match=r"sendrecv: recv_shape=\[1\] but group rank .* own x"):
+        g.sendrecv(x, me, recv_shape=(1,))
+    if k > 1:
+        with pytest.raises(ValueError, match="sendrecv: group rank .* sends to .* but receives"):
+            g.sendrecv(x, me, (me + 1) % k)
+
+
 # ------------------------------------------------------------------------------ chunking
 def test_chunked_large_count_path(g, chunked):
     k, me = g.size, g.rank
@@ -250,6 +283,7 @@ def test_chunked_large_count_path(g, chunked):
         recv = [np.array_split(x, k, axis=s)[me].shape[c] for x in ax]
         np.testing.assert_array_equal(g.all_to_all(ax[me], s, c, recv_sizes=recv), a2a_oracle(ax, me, s, c, k))
     np.testing.assert_array_equal(g.broadcast(xs[me], src=k - 1), xs[k - 1])
+    np.testing.assert_array_equal(g.sendrecv(xs[me], (me + 1) % k, (me - 1) % k), xs[(me - 1) % k])
     if k > 1:
         if me == 0:
             g.send(xs[0], 1)
@@ -266,6 +300,7 @@ def test_counters(g):
     g.reduce_scatter(np.ones((g.size, 2)))
     g.all_to_all(np.ones((g.size, 2)), 0, 0)
     g.broadcast(x)
+    g.sendrecv(x, g.rank)
     g.barrier()
     g.send(x, g.rank)
     g.recv((4,), np.float64, g.rank)
