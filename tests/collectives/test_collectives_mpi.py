@@ -388,3 +388,60 @@ def test_bad_inputs_raise_on_every_rank(g):
     with pytest.raises(ValueError, match="recv: argument 'src'"):
         g.recv((2,), np.float64, g.size + 3)
     g.barrier()  # nothing was left half-done
+
+
+# --------------------------------------------------------------------------- prepared calls
+PREPARED = [
+    ("all_reduce", lambda k, r: (5, 3), {"op": "sum"}),
+    ("all_reduce", lambda k, r: (4,), {"op": "max"}),
+    ("all_gather", lambda k, r: (gather_sizes(k, "uneven")[r], 3), {"axis": 0}),
+    ("all_gather", lambda k, r: (2, gather_sizes(k, "uneven")[r], 3), {"axis": 1}),
+    ("all_gather", lambda k, r: (0, gather_sizes(k, "even")[r]), {"axis": 1}),  # empty outer dim
+    ("all_gather", lambda k, r: (1, gather_sizes(k, "few")[r], 2), {"axis": 1}),
+    ("reduce_scatter", lambda k, r: (2 * k + 1, 3), {"op": "sum", "axis": 0}),
+    ("reduce_scatter", lambda k, r: (3, 2 * k + 1), {"op": "min", "axis": 1}),
+    ("all_to_all", lambda k, r: (k + 2, 2 * k), {"split_axis": 1, "concat_axis": 0}),
+    ("all_to_all", lambda k, r: (2 * k, 3), {"split_axis": 0, "concat_axis": 1}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64])
+@pytest.mark.parametrize("case", range(len(PREPARED)))
+def test_prepared_matches_general_call(g, dtype, case, gather_path):
+    """group.prepare(name, shape, dtype, **kw)(x) equals the numpy oracle of the general call,
+    with and without out=, and inputs of another shape/dtype take the general path."""
+    name, shape_of, kw = PREPARED[case]
+    k, me = g.size, g.rank
+    xs = [data(r, shape_of(k, r), dtype) for r in range(k)]
+    if name == "all_gather":
+        kw = dict(kw, sizes=[x.shape[kw["axis"]] for x in xs])
+        expect = np.concatenate(xs, kw["axis"])
+    elif name == "all_reduce":
+        expect = {"sum": sum, "max": lambda v: np.max(v, axis=0)}[kw["op"]](np.stack(xs))
+    elif name == "reduce_scatter":
+        red = np.sum(np.stack(xs), 0) if kw["op"] == "sum" else np.min(np.stack(xs), 0)
+        expect = np.array_split(red, k, axis=kw["axis"])[me]
+    else:
+        s, c = kw["split_axis"], kw["concat_axis"]
+        kw = dict(kw, recv_sizes=[np.array_split(x, k, axis=s)[me].shape[c] for x in xs])
+        expect = np.concatenate([np.array_split(x, k, axis=s)[me] for x in xs], c)
+    fn = g.prepare(name, xs[me].shape, dtype, **kw)
+    before = collectives.collective_counts()[name]
+    np.testing.assert_array_equal(fn(xs[me]), expect)
+    out = np.full(expect.shape, 7, dtype)
+    assert fn(xs[me], out=out) is out
+    np.testing.assert_array_equal(out, expect)
+    np.testing.assert_array_equal(fn(xs[me].astype(np.float32)), expect.astype(np.float32))
+    assert collectives.collective_counts()[name] - before == 3
+
+
+def test_prepare_checks_arguments_once(g):
+    with pytest.raises(ValueError, match="prepare: collective 'broadcast' is not one of"):
+        g.prepare("broadcast", (2,), np.float64)
+    with pytest.raises(ValueError, match=r"all_gather: argument 'axis'=2 is out of range .*\(4, 3\)"):
+        g.prepare("all_gather", (4, 3), np.float64, axis=2)
+    with pytest.raises(TypeError, match="all_reduce: reduce op 'avg' is not supported for dtype int64"):
+        g.prepare("all_reduce", (4,), np.int64, op="avg")
+    fn = g.prepare("all_reduce", (4,), np.float64)
+    with pytest.raises(ValueError, match="all_reduce: argument 'out' has shape=\\(3,\\)"):
+        fn(np.ones(4), out=np.empty(3))
