@@ -293,7 +293,8 @@ class MPIGroup(ProcessGroup):
         work, mop = _reduce_setup(dtype, op)
         if work != dtype or op == "avg" or _too_big(prod(shape)):
             return None
-        T, comm = mpi_type(dtype), self._reduce_comm[op][hash((shape, dtype.num)) & (_SHAPE_LANES - 1)]
+        T = mpi_type(dtype)
+        comm = self._reduce_comm[op][hash((shape, dtype.num)) & (_SHAPE_LANES - 1)]
 
         def run(x, out):
             recv = out if out is not None else np.empty(shape, dtype)
@@ -345,7 +346,8 @@ class MPIGroup(ProcessGroup):
             if even:
                 comm.Reduce_scatter_block([np.ascontiguousarray(x), T], [recv, T], op=mop)
             else:
-                comm.Reduce_scatter([np.ascontiguousarray(x), T], [recv, T], recvcounts=counts, op=mop)
+                comm.Reduce_scatter([np.ascontiguousarray(x), T], [recv, T], recvcounts=counts,
+                                    op=mop)
             return recv
         return run
 

@@ -140,7 +140,8 @@ class ProcessGroup:
         (``numpy.array_split`` sizes, or ``sizes``)."""
         if type(x) is not np.ndarray:
             x = C.as_array(x, "reduce_scatter", "x")
-        return self._call("reduce_scatter", x, *self._check_reduce_scatter(x, op, axis, sizes, out), out)
+        return self._call("reduce_scatter", x,
+                          *self._check_reduce_scatter(x, op, axis, sizes, out), out)
 
     def _check_reduce_scatter(self, x, op="sum", axis=0, sizes=None, out=None):
         name = "reduce_scatter"
