@@ -1,16 +1,19 @@
-"""Reshard throughput against the raw mpi4py collective that moves the same bytes.
+"""Reshard time against the bare mpi4py collective that moves the same bytes, per size.
 
-    mpiexec -n 4 python benchmarks/reshard.py [--mb 64] [--repeats 5] [--warmup 2]
+    mpiexec -n 4 python benchmarks/reshard.py [--sizes 4KB 64KB 1MB 16MB 64MB] [--cases ...]
 
-Cases on a 1-d mesh of every rank, float32, ``--mb`` MB per rank (the local piece, or each
-Partial addend): S(0)->R, S(1)->R, P->R, P->S(0), S(0)->S(1). For each: our ``reshard`` time,
-the raw mpi4py baseline in the same run (Allgather for S->R — for S(1) the bare Allgather of the
-contiguous local buffer, so our layout change counts against us — Allreduce for P->R,
-Reduce_scatter for P->S, Alltoall for S->S'), and ratio = raw / ours (1.0 = no overhead). Like
-``reshard``, which returns a new tensor, every baseline writes into a freshly allocated output
-(first-touch page faults included); for S->R the time into a reused buffer is shown too. Each
-time is the slowest rank's, barrier-aligned; the figure is the median over repeats after warm-up.
-Prints one JSON object on rank 0.
+Float32, a square local piece of each size per rank (the piece, or each Partial addend). Cases on
+a 1-d mesh of every rank: S(0)->R, S(1)->R, P->R, P->S(0), S(0)->S(1); with 4 ranks also the two
+pairwise exchanges of a 2x2 mesh, [S(0),R]->[R,S(0)] and [R,S(0)]->[S(0),R]. Bare baselines:
+Allgather for S->R (for S(1) the bare Allgather of the contiguous local buffer, so the layout
+change counts against us), Allreduce for P->R, Reduce_scatter for P->S(0), Alltoall of the
+contiguous buffer for S(0)->S(1), Sendrecv with the transposed rank for the 2x2 cases. Like
+``reshard``, which returns a new tensor, every baseline writes into a freshly allocated output.
+
+Timing: our call and the bare call alternate within each round (so load from other processes hits
+both alike); a sample is the slowest rank's barrier-aligned time of ``inner`` calls; the figure is
+the median sample. ``ratio_raw_over_ours`` is bare time / our time: 1.0 = no overhead, 0.5 =
+twice the bare time. Prints one JSON object on rank 0.
 """
 from __future__ import annotations
 
@@ -27,29 +30,44 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import disttensor as dt  # noqa: E402
 from disttensor import Partial, ProcessMesh, Replicate, Shard  # noqa: E402
 
+CASES_1D = ("S(0)->R", "S(1)->R", "P->R", "P->S(0)", "S(0)->S(1)")
+CASES_2X2 = ("[S(0),R]->[R,S(0)]", "[R,S(0)]->[S(0),R]")
 
-def timed(comm, fn, repeats: int, warmup: int) -> float:
-    """Median over ``repeats`` of the slowest rank's time of ``fn()`` (after ``warmup`` calls)."""
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    for unit, mul in (("KB", 2**10), ("MB", 2**20), ("GB", 2**30), ("B", 1)):
+        if s.endswith(unit):
+            return int(float(s[:-len(unit)]) * mul)
+    return int(s)
+
+
+def interleaved(comm, fns: dict, rounds: int, inner: int) -> dict:
+    """Median over ``rounds`` of the slowest rank's time per call of each fn, alternating fns
+    inside every round (one warm-up call each first)."""
     from mpi4py import MPI
 
-    for _ in range(warmup):
+    for fn in fns.values():
         fn()
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        out = fn()
-        t = time.perf_counter() - t0
-        del out
-        times.append(comm.allreduce(t, op=MPI.MAX))
-    return float(np.median(times))
+    samples = {k: [] for k in fns}
+    for r in range(rounds):
+        order = list(fns.items()) if r % 2 == 0 else list(fns.items())[::-1]
+        for k, fn in order:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            t = (time.perf_counter() - t0) / inner
+            samples[k].append(comm.allreduce(t, op=MPI.MAX))
+    return {k: float(np.median(v)) for k, v in samples.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=64.0, help="MB per rank (default 64)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--sizes", nargs="+", default=["4KB", "64KB", "1MB", "16MB", "64MB"],
+                    help="bytes of the local piece per rank")
+    ap.add_argument("--cases", nargs="+", default=None, help="subset of the case names")
+    ap.add_argument("--rounds", type=int, default=None, help="samples per figure (default by size)")
     args = ap.parse_args()
 
     from mpi4py import MPI
@@ -58,76 +76,91 @@ def main() -> None:
     comm = MPI.COMM_WORLD.Dup()
     n, rank = comm.Get_size(), comm.Get_rank()
     mesh = ProcessMesh(list(range(n)))
-    cols = 4096
-    rows = max(1, int(args.mb * 2**20 / 4 / cols))  # local piece: rows x cols float32
-    rng = np.random.default_rng(rank)
-    local = rng.standard_normal((rows, cols), dtype=np.float32)
-    nbytes = local.nbytes
+    cases = list(CASES_1D) + (list(CASES_2X2) if n == 4 else [])
+    if args.cases:
+        cases = [c for c in cases if c in args.cases]
+    mesh2 = ProcessMesh([[0, 1], [2, 3]]) if n == 4 else None
+    results: dict = {}
+    for size in args.sizes:
+        nbytes = parse_size(size)
+        side = max(n, int(round((nbytes / 4) ** 0.5)))
+        rows = cols = side - side % n  # divisible by n: the bare calls need equal pieces
+        local = np.random.default_rng(rank).standard_normal((rows, cols), dtype=np.float32)
+        rounds = args.rounds or (31 if local.nbytes <= 2**20 else 9)
+        inner = 50 if local.nbytes <= 2**16 else (5 if local.nbytes <= 2**20 else 1)
+        row = results.setdefault(size, {"local_shape": [rows, cols], "bytes": local.nbytes})
+        for name in cases:
+            ours, raw = _case(name, comm, mesh, mesh2, local, n, rank)
+            t = interleaved(comm, {"ours": ours, "raw": raw}, rounds, inner)
+            row[name] = {"ours_us": round(t["ours"] * 1e6, 1), "raw_us": round(t["raw"] * 1e6, 1),
+                         "ratio_raw_over_ours": round(t["raw"] / t["ours"], 3), "raw": raw.__doc__}
+    if rank == 0:
+        print(json.dumps({"world_size": n, "dtype": "float32", "results": results}, indent=1),
+              flush=True)
 
-    def dist(placements, shape):
-        return dt.dtensor_from_local(local, mesh, placements, shape=shape)
 
-    results = {}
+def _case(name, comm, mesh, mesh2, local, n, rank):
+    """(our reshard, the bare collective) for case ``name``."""
+    from mpi4py import MPI
 
-    def case(name, x, placements, raw, extra=None):
-        ours = timed(comm, lambda: dt.reshard(x, mesh, placements), args.repeats, args.warmup)
-        base = timed(comm, raw, args.repeats, args.warmup)
-        results[name] = {"ours_s": round(ours, 5), "raw_s": round(base, 5),
-                         "ratio_raw_over_ours": round(base / ours, 3),
-                         "raw": raw.__doc__}
-        if extra is not None:  # a variant, for attribution
-            t = timed(comm, extra, args.repeats, args.warmup)
-            results[name].update({f"raw_{extra.__doc__}_s": round(t, 5),
-                                  f"ratio_raw_{extra.__doc__}_over_ours": round(t / ours, 3)})
+    rows, cols = local.shape
+    S, R, P = Shard, Replicate(), Partial()
 
-    gather_buf = np.empty((n * rows, cols), dtype=np.float32)
+    def ours_of(m, src, dst, shape):
+        x = dt.dtensor_from_local(local, m, src, shape=shape)
+        return lambda: dt.reshard(x, m, dst)
 
-    def raw_allgather():
+    def allgather():
         """Allgather"""
         out = np.empty((n * rows, cols), dtype=np.float32)
         comm.Allgather(local, out)
         return out
 
-    def raw_allgather_prealloc():
-        """Allgather_into_a_reused_buffer"""
-        comm.Allgather(local, gather_buf)
-        return gather_buf
-
-    case("S(0)->R", dist([Shard(0)], (n * rows, cols)), [Replicate()], raw_allgather,
-         raw_allgather_prealloc)
-    case("S(1)->R", dist([Shard(1)], (rows, n * cols)), [Replicate()], raw_allgather,
-         raw_allgather_prealloc)
-
-    def raw_allreduce():
+    def allreduce():
         """Allreduce"""
         out = np.empty_like(local)
         comm.Allreduce(local, out, op=MPI.SUM)
         return out
 
-    case("P->R", dist([Partial()], (rows, cols)), [Replicate()], raw_allreduce)
-
-    counts = [len(r) * cols for r in np.array_split(np.arange(rows), n)]
-
-    def raw_reduce_scatter():
-        """Reduce_scatter"""
-        out = np.empty(counts[rank], dtype=np.float32)
-        comm.Reduce_scatter(local, out, recvcounts=counts, op=MPI.SUM)
+    def reduce_scatter():
+        """Reduce_scatter_block"""
+        out = np.empty((rows // n, cols), dtype=np.float32)
+        comm.Reduce_scatter_block(local, out, op=MPI.SUM)
         return out
 
-    case("P->S(0)", dist([Partial()], (rows, cols)), [Shard(0)], raw_reduce_scatter)
-
-    def raw_alltoall():
+    def alltoall():
         """Alltoall"""
         out = np.empty_like(local)
         comm.Alltoall(local, out)
         return out
 
-    case("S(0)->S(1)", dist([Shard(0)], (n * rows, cols)), [Shard(1)], raw_alltoall)
+    if name == "S(0)->R":
+        return ours_of(mesh, [S(0)], [R], (n * rows, cols)), allgather
+    if name == "S(1)->R":
+        return ours_of(mesh, [S(1)], [R], (rows, n * cols)), allgather
+    if name == "P->R":
+        return ours_of(mesh, [P], [R], (rows, cols)), allreduce
+    if name == "P->S(0)":
+        return ours_of(mesh, [P], [S(0)], (rows, cols)), reduce_scatter
+    if name == "S(0)->S(1)":
+        return ours_of(mesh, [S(0)], [S(1)], (n * rows, cols)), alltoall
+    i, j = mesh2.get_coord(rank)
+    peer = mesh2.rank_at((j, i))
 
-    if rank == 0:
-        print(json.dumps({"world_size": n, "dtype": "float32", "bytes_per_rank": nbytes,
-                          "local_shape": [rows, cols], "repeats": args.repeats,
-                          "warmup": args.warmup, "cases": results}, indent=2), flush=True)
+    def sendrecv():
+        """Sendrecv"""
+        out = np.empty_like(local)
+        if peer == rank:
+            out[...] = local
+        else:
+            comm.Sendrecv(local, peer, recvbuf=out, source=peer)
+        return out
+
+    if name == "[S(0),R]->[R,S(0)]":
+        return ours_of(mesh2, [S(0), R], [R, S(0)], (2 * rows, cols)), sendrecv
+    if name == "[R,S(0)]->[S(0),R]":
+        return ours_of(mesh2, [R, S(0)], [S(0), R], (2 * rows, cols)), sendrecv
+    raise ValueError(name)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ COLLECTIVE_NAMES = (
     "broadcast",
     "send",
     "recv",
+    "sendrecv",
     "barrier",
 )
 

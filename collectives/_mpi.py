@@ -17,7 +17,9 @@ tiny ``MAX_COUNT`` to exercise that path.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from math import prod
+from typing import NamedTuple
 
 
 import numpy as np
@@ -56,6 +58,26 @@ def mpi_type(dtype) -> "MPI.Datatype":
         if t is None or t == MPI.DATATYPE_NULL or t.Get_size() != dt.itemsize:
             t = MPI.BYTE.Create_contiguous(dt.itemsize).Commit()
         _type_cache[dt] = t
+    return t
+
+
+#: all_gather along a non-leading axis receives in place (vector datatypes) from this many
+#: result bytes on; below, one flat Allgather plus an interleaving copy is faster
+#: (benchmarks/reshard.py, S(1)->R)
+STRIDED_MIN_BYTES = 1 << 20
+_GATHER_TAG = 11
+_vector_types: dict = {}
+
+
+def _vector_type(dtype, count: int, block: int, stride: int) -> "MPI.Datatype":
+    """``count`` blocks of ``block`` elements, ``stride`` elements apart (committed once and
+    cached per (dtype, count, block, stride); at most 256 kept)."""
+    key = (np.dtype(dtype), count, block, stride)
+    t = _vector_types.get(key)
+    if t is None:
+        if len(_vector_types) >= 256:
+            _vector_types.pop(next(iter(_vector_types))).Free()
+        t = _vector_types[key] = mpi_type(dtype).Create_vector(count, block, stride).Commit()
     return t
 
 
@@ -128,6 +150,71 @@ def _nan_op(op: str, dt: np.dtype) -> "MPI.Op":
     return mop
 
 
+class _A2ALayout(NamedTuple):
+    """Where every piece of an all_to_all sits (pure metadata, cached). Two layouts:
+
+    - ``own_layout`` (``s == 0 != c``): pieces are contiguous slices of x in x's own layout;
+      the receiver copies each into place (``recv_slices`` of the result).
+    - otherwise every piece travels with the concat axis in front (packed per destination
+      from ``send_slices``; copy-free for the sender when s == c == 0), so arrivals stack along
+      the front axis (``front_shape``) and the receiver moves that axis back (copy-free when
+      c == 0)."""
+
+    own_layout: bool
+    scounts: list
+    rcounts: list
+    sdispls: list
+    rdispls: list
+    scounts_others: list  # the own piece is copied locally, not sent
+    rcounts_others: list
+    send_slices: list
+    recv_slices: list
+    recv_shapes: list
+    front_shapes: list
+    front_axes: tuple  # a piece's axes with the concat axis in front
+    front_shape: tuple
+    result_shape: tuple
+
+
+@lru_cache(maxsize=1024)
+def _a2a_layout(size: int, me: int, shape: tuple, s: int, c: int, ssizes: tuple,
+                rsizes: tuple) -> _A2ALayout:
+    def piece_shape(j_split, n_c):
+        shp = list(shape)
+        shp[s] = j_split
+        shp[c] = n_c
+        return shp
+
+    def along(axis, a, n):
+        idx = [slice(None)] * len(shape)
+        idx[axis] = slice(a, a + n)
+        return tuple(idx)
+
+    send_c = [ssizes[j] if s == c else shape[c] for j in range(size)]
+    recv_shapes = [piece_shape(ssizes[me] if s != c else rsizes[j], rsizes[j]) for j in range(size)]
+    send_shapes = [piece_shape(ssizes[j], send_c[j]) for j in range(size)]
+    scounts = [prod(p) for p in send_shapes]
+    rcounts = [prod(p) for p in recv_shapes]
+    result_shape = list(shape)
+    if s != c:
+        result_shape[s] = ssizes[me]
+    result_shape[c] = sum(rsizes)
+    soff, roff = C.offsets(ssizes), C.offsets(rsizes)
+    others_s, others_r = list(scounts), list(rcounts)
+    others_s[me] = others_r[me] = 0
+    return _A2ALayout(
+        own_layout=s == 0 and c != 0, scounts=scounts, rcounts=rcounts,
+        sdispls=C.offsets(scounts), rdispls=C.offsets(rcounts),
+        scounts_others=others_s, rcounts_others=others_r,
+        send_slices=[along(s, soff[j], ssizes[j]) for j in range(size)],
+        recv_slices=[along(c, roff[j], rsizes[j]) for j in range(size)],
+        recv_shapes=recv_shapes,
+        front_shapes=[(p[c],) + tuple(d for i, d in enumerate(p) if i != c) for p in send_shapes],
+        front_axes=(c,) + tuple(i for i in range(len(shape)) if i != c),
+        front_shape=(sum(rsizes),) + tuple(d for i, d in enumerate(result_shape) if i != c),
+        result_shape=tuple(result_shape))
+
+
 # all_reduce picks one of this many communicators by (shape, dtype): ranks whose all_reduces
 # disagree in shape then most often block (and are reported by the watchdog) instead of MPI
 # matching them, which aborts on a truncated message or, with equal sizes, mixes the data.
@@ -155,11 +242,13 @@ class MPIGroup(ProcessGroup):
         self._gather_comm = comm.Dup()
         self._a2a_comm = comm.Dup()
         self._bcast_comm = comm.Dup()
+        self._sendrecv_comm = comm.Dup()
         self._barrier_comm = comm.Dup()
         self._meta_comm = comm.Dup()  # exchange_metadata
         for c in (*[c for lane in self._reduce_comm.values() for c in lane],
                   *self._rs_comm.values(), self._gather_comm,
-                  self._a2a_comm, self._bcast_comm, self._barrier_comm, self._meta_comm):
+                  self._a2a_comm, self._bcast_comm, self._sendrecv_comm, self._barrier_comm,
+                  self._meta_comm):
             c.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
 
@@ -186,6 +275,81 @@ class MPIGroup(ProcessGroup):
                 return HostStaged(self)
             self._gpu = make_gpu_backend(self)
         return self._gpu
+
+    # ------------------------------------------------------------------- prepared collectives
+    def _prepared(self, name, shape, dtype, args):
+        """For ``prepare`` (numpy x of ``shape``/``dtype``): the MPI call with buffers' counts,
+        datatypes and communicator resolved, where the result needs no conversion; else the
+        general numpy path."""
+        special = {"all_reduce": self._prepared_all_reduce, "all_gather": self._prepared_all_gather,
+                   "reduce_scatter": self._prepared_reduce_scatter}.get(name)
+        run = special(shape, dtype, *args) if special is not None else None
+        if run is None:
+            impl = getattr(self, "np_" + name)
+            run = lambda x, out: impl(x, *args, out)  # noqa: E731
+        return run
+
+    def _prepared_all_reduce(self, shape, dtype, op):
+        work, mop = _reduce_setup(dtype, op)
+        if work != dtype or op == "avg" or _too_big(prod(shape)):
+            return None
+        T = mpi_type(dtype)
+        comm = self._reduce_comm[op][hash((shape, dtype.num)) & (_SHAPE_LANES - 1)]
+
+        def run(x, out):
+            recv = out if out is not None else np.empty(shape, dtype)
+            comm.Allreduce([np.ascontiguousarray(x), T], [recv, T], op=mop)
+            return recv
+        return run
+
+    def _prepared_all_gather(self, shape, dtype, axis, sizes):
+        if sizes is None:
+            return None
+        outer, inner = prod(shape[:axis]), prod(shape[axis + 1:])
+        rshape = shape[:axis] + (sum(sizes),) + shape[axis + 1:]
+        if _too_big(prod(rshape)):
+            return None
+        T, comm = mpi_type(dtype), self._gather_comm
+        if outer > 1:
+            if prod(rshape) * dtype.itemsize < STRIDED_MIN_BYTES:
+                return None
+            return lambda x, out: self._all_gather_strided(
+                np.ascontiguousarray(x), sizes, out if out is not None else np.empty(rshape, dtype),
+                outer, inner)
+        counts = [outer * s * inner for s in sizes]  # outer is 0 or 1 here
+        if all(c == counts[0] for c in counts):
+            def run(x, out):
+                buf = out if out is not None else np.empty(rshape, dtype)
+                comm.Allgather([np.ascontiguousarray(x), counts[0], T], [buf, counts[0], T])
+                return buf
+        else:
+            displs, mine = C.offsets(counts), counts[self.rank]
+
+            def run(x, out):
+                buf = out if out is not None else np.empty(rshape, dtype)
+                comm.Allgatherv([np.ascontiguousarray(x), mine, T], [buf, counts, displs, T])
+                return buf
+        return run
+
+    def _prepared_reduce_scatter(self, shape, dtype, op, axis, sizes):
+        work, mop = _reduce_setup(dtype, op)
+        if work != dtype or op == "avg" or axis != 0 or _too_big(prod(shape)):
+            return None
+        inner = prod(shape[1:])
+        counts = [s * inner for s in sizes]
+        rshape = (sizes[self.rank],) + shape[1:]
+        T, comm = mpi_type(dtype), self._rs_comm[op]
+        even = all(c == counts[0] for c in counts)
+
+        def run(x, out):
+            recv = out if out is not None else np.empty(rshape, dtype)
+            if even:
+                comm.Reduce_scatter_block([np.ascontiguousarray(x), T], [recv, T], op=mop)
+            else:
+                comm.Reduce_scatter([np.ascontiguousarray(x), T], [recv, T], recvcounts=counts,
+                                    op=mop)
+            return recv
+        return run
 
     # ---------------------------------------------------------------------------- collectives
     def _all_reduce(self, x, op, out):
@@ -272,20 +436,42 @@ class MPIGroup(ProcessGroup):
         return _back(buf, axis, out)
 
     def _all_gather_interleaved(self, x, axis, sizes, out, outer, inner):
-        """Non-zero axis: every rank's C-contiguous buffer travels as is (flat, along axis 0)
-        and the pieces are interleaved into place on arrival: one copy in all (moving the axis
-        to the front and back would take two; MPI vector datatypes were far slower here)."""
+        """Non-zero axis. Large results: each piece is received straight into its strided place
+        (point-to-point, an MPI vector datatype per source) and sent from x as it is — no copy
+        besides MPI's own. Small ones: every rank's buffer travels flat through one Allgather
+        and is interleaved into place on arrival (one copy, fewer calls)."""
+        shape = list(x.shape)
+        total = shape[axis] = sum(sizes)
+        res = out if out is not None else np.empty(shape, dtype=x.dtype)
+        if res.nbytes >= STRIDED_MIN_BYTES and not _too_big(res.size):
+            return self._all_gather_strided(np.ascontiguousarray(x), sizes, res, outer, inner)
         flat = self.np_all_gather(np.ascontiguousarray(x).reshape(-1), 0,
                                   [outer * s * inner for s in sizes], None)
-        shape = list(x.shape)
-        shape[axis] = sum(sizes)
-        res = out if out is not None else np.empty(shape, dtype=x.dtype)
-        res3 = res.reshape(outer, shape[axis], inner)
+        res3 = res.reshape(outer, total, inner)
         pos = off = 0
         for s in sizes:
             res3[:, off:off + s, :] = flat[pos:pos + outer * s * inner].reshape(outer, s, inner)
             pos += outer * s * inner
             off += s
+        return res
+
+    def _all_gather_strided(self, x, sizes, res, outer, inner):
+        size, me, comm = self.size, self.rank, self._gather_comm
+        total = sum(sizes)
+        offs = C.offsets(sizes)
+        flat = res.reshape(-1)
+        T = mpi_type(x.dtype)
+        reqs = []
+        for k in range(1, size):
+            frm, to = (me - k) % size, (me + k) % size
+            if sizes[frm] * inner:
+                vt = _vector_type(x.dtype, outer, sizes[frm] * inner, total * inner)
+                reqs.append(comm.Irecv([flat[offs[frm] * inner:], 1, vt], frm, _GATHER_TAG))
+            if x.size:
+                reqs.append(comm.Isend([x, T], to, _GATHER_TAG))
+        res.reshape(outer, total, inner)[:, offs[me]:offs[me] + sizes[me]] = \
+            x.reshape(outer, sizes[me], inner)
+        MPI.Request.Waitall(reqs)
         return res
 
     def _reduce_scatter(self, x, op, axis, sizes, out):
@@ -327,87 +513,61 @@ class MPIGroup(ProcessGroup):
         return self.np_all_to_all(x, s, c, ssizes, rsizes, out)
 
     def np_all_to_all(self, x, s, c, ssizes, rsizes, out):
-        """Pieces travel in one of two layouts, chosen from metadata every rank shares:
-
-        - ``s == 0 != c``: pieces are contiguous slices of x in x's own layout; the receiver
-          copies each into place (one copy in all).
-        - otherwise: every piece is sent with the concat axis in front (copy-free for the
-          sender when s == c == 0 and x is contiguous), so arrivals stack along the front axis;
-          the receiver moves that axis back (copy-free when c == 0).
-        """
+        """Pieces travel in one of two layouts, chosen from metadata every rank shares (see
+        ``_a2a_layout``); the own piece never goes through MPI unless chunked."""
         size, me = self.size, self.rank
-        shape = x.shape
-        send_c = [ssizes[j] if s == c else shape[c] for j in range(size)]
-        def piece_shape(j_split, n_c):
-            shp = list(shape)
-            shp[s] = j_split
-            shp[c] = n_c
-            return shp
-
         if rsizes is None:
-            a = np.array(send_c, dtype=np.int64)
+            a = np.array([ssizes[j] if s == c else x.shape[c] for j in range(size)], dtype=np.int64)
             b = np.empty(size, dtype=np.int64)
             self._a2a_comm.Alltoall([a, MPI.INT64_T], [b, MPI.INT64_T])
             rsizes = [int(v) for v in b]
-        recv_shapes = [piece_shape(ssizes[me] if s != c else rsizes[j], rsizes[j]) for j in range(size)]
-        send_shapes = [piece_shape(ssizes[j], send_c[j]) for j in range(size)]
-        scounts = [prod(p) for p in send_shapes]
-        rcounts = [prod(p) for p in recv_shapes]
-        sdispls, rdispls = C.offsets(scounts), C.offsets(rcounts)
+        L = _a2a_layout(size, me, tuple(x.shape), s, c, tuple(ssizes), tuple(rsizes))
         large = False
         if not NATIVE_LARGE_COUNT:
             # every rank must pick the same algorithm, and only this rank sees its own counts
-            mine = max(sum(scounts), sum(rcounts)) > MAX_COUNT
+            mine = max(sum(L.scounts), sum(L.rcounts)) > MAX_COUNT
             large = bool(self._a2a_comm.allreduce(int(mine), op=MPI.MAX))
         T = mpi_type(x.dtype)
-        soff = C.offsets(ssizes)
-        result_shape = self._a2a_result_shape(shape, s, c, ssizes, rsizes)
-
-        own_layout = s == 0 and c != 0
-        if own_layout:
-            sendbuf = np.asarray(x, order="C")
-        elif s == c:
-            sendbuf = _front(x, s)
+        sd, rd = L.sdispls, L.rdispls
+        if L.own_layout:  # pieces are contiguous slices of x; placed on arrival
+            sendbuf = np.asarray(x, order="C").reshape(-1)
+            recvbuf = np.empty(sum(L.rcounts), dtype=x.dtype)
         else:
-            sendbuf = np.empty(x.size, dtype=x.dtype)
-            for j in range(size):
-                sl = [slice(None)] * x.ndim
-                sl[s] = slice(soff[j], soff[j] + ssizes[j])
-                piece = np.moveaxis(x[tuple(sl)], c, 0)
-                np.copyto(sendbuf[sdispls[j]:sdispls[j] + scounts[j]].reshape(piece.shape), piece)
-        if own_layout:
-            recvbuf = np.empty(sum(rcounts), dtype=x.dtype)
-        else:
-            front_shape = (sum(rsizes),) + tuple(d for i, d in enumerate(result_shape) if i != c)
-            if c == 0 and out is not None:
-                recvbuf = out
+            if s == c:
+                sendbuf = _front(x, s).reshape(-1)
             else:
-                recvbuf = np.empty(front_shape, dtype=x.dtype)
-
+                sendbuf = np.empty(x.size, dtype=x.dtype)
+                for j in range(size):
+                    if j != me or large:
+                        np.copyto(sendbuf[sd[j]:sd[j] + L.scounts[j]].reshape(L.front_shapes[j]),
+                                  x[L.send_slices[j]].transpose(L.front_axes))
+            recvbuf = out if (c == 0 and out is not None) else np.empty(L.front_shape, x.dtype)
+        rf = recvbuf.reshape(-1)
         if large:
-            sf, rf = sendbuf.reshape(-1), recvbuf.reshape(-1)
-            rf[rdispls[me]:rdispls[me] + rcounts[me]] = sf[sdispls[me]:sdispls[me] + scounts[me]]
+            rf[rd[me]:rd[me] + L.rcounts[me]] = sendbuf[sd[me]:sd[me] + L.scounts[me]]
             for k in range(1, size):
                 dst, src = (me + k) % size, (me - k) % size
                 reqs = [
-                    self._a2a_comm.Irecv([rf[rdispls[src] + a:rdispls[src] + b], T], source=src, tag=7)
-                    for a, b in _chunks(rcounts[src])
+                    self._a2a_comm.Irecv([rf[rd[src] + a:rd[src] + b], T], source=src, tag=7)
+                    for a, b in _chunks(L.rcounts[src])
                 ]
                 reqs += [
-                    self._a2a_comm.Isend([sf[sdispls[dst] + a:sdispls[dst] + b], T], dest=dst, tag=7)
-                    for a, b in _chunks(scounts[dst])
+                    self._a2a_comm.Isend([sendbuf[sd[dst] + a:sd[dst] + b], T], dest=dst, tag=7)
+                    for a, b in _chunks(L.scounts[dst])
                 ]
                 MPI.Request.Waitall(reqs)
         else:
-            self._a2a_comm.Alltoallv([sendbuf, scounts, sdispls, T], [recvbuf, rcounts, rdispls, T])
-
-        if own_layout:
-            res = out if out is not None else np.empty(result_shape, dtype=x.dtype)
-            roff = C.offsets(rsizes)
+            if L.own_layout:
+                rf[rd[me]:rd[me] + L.rcounts[me]] = sendbuf[sd[me]:sd[me] + L.scounts[me]]
+            else:
+                np.copyto(rf[rd[me]:rd[me] + L.rcounts[me]].reshape(L.front_shapes[me]),
+                          x[L.send_slices[me]].transpose(L.front_axes))
+            self._a2a_comm.Alltoallv([sendbuf, L.scounts_others, sd, T],
+                                     [recvbuf, L.rcounts_others, rd, T])
+        if L.own_layout:
+            res = out if out is not None else np.empty(L.result_shape, dtype=x.dtype)
             for j in range(size):
-                sl = [slice(None)] * x.ndim
-                sl[c] = slice(roff[j], roff[j] + rsizes[j])
-                res[tuple(sl)] = recvbuf[rdispls[j]:rdispls[j] + rcounts[j]].reshape(recv_shapes[j])
+                res[L.recv_slices[j]] = rf[rd[j]:rd[j] + L.rcounts[j]].reshape(L.recv_shapes[j])
             return res
         return _back(recvbuf, c, out)
 
@@ -432,6 +592,28 @@ class MPIGroup(ProcessGroup):
                 self._bcast_comm.Bcast([bf[a:b], T], root=src)
         else:
             self._bcast_comm.Bcast([buf, T], root=src)
+        return buf
+
+    def _sendrecv(self, x, dst, src, shape, out):
+        if C.is_cupy(x):
+            return self._gpu_impl().sendrecv(x, dst, src, shape, out)
+        return self.np_sendrecv(x, dst, src, shape, out)
+
+    def np_sendrecv(self, x, dst, src, shape, out):
+        send = np.asarray(x, order="C")
+        buf = out if out is not None else np.empty(shape, dtype=x.dtype)
+        if dst == self.rank:
+            np.copyto(buf, send)
+            return buf
+        T = mpi_type(x.dtype)
+        comm = self._sendrecv_comm
+        if _too_big(send.size, buf.size):
+            sf, rf = send.reshape(-1), buf.reshape(-1)
+            reqs = [comm.Irecv([rf[a:b], T], src, 0) for a, b in _chunks(buf.size)]
+            reqs += [comm.Isend([sf[a:b], T], dst, 0) for a, b in _chunks(send.size)]
+            MPI.Request.Waitall(reqs)
+        else:
+            comm.Sendrecv([send, T], dst, 0, [buf, T], src, 0)
         return buf
 
     def _send(self, x, dst, tag):

@@ -9,13 +9,14 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict, deque
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import _common as C
 from .failure import Watch
 
+_PREPARABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 _monotonic = time.monotonic
 _getframe = sys._getframe
 
@@ -44,17 +45,18 @@ class ProcessGroup:
     # debug-mode agreement
     # ----------------------------------------------------------------------------------------
 
-    def _begin(self, name: str, sig: tuple, counted: str | None = None) -> int:
+    def _begin(self, name: str, sig: tuple, depth: int = 2, counted: str | None = None) -> int:
         """Called after local checks, before communication, for every collective: counts the
         call (as ``counted``, default ``name``), runs the debug-mode agreement check and tells
         the watchdog what is in flight (``sig``: the call's metadata as (name, value) pairs;
-        the caller clears ``Watch.now``). Returns the call's index on this group."""
+        the caller clears ``Watch.now``; ``depth``: frames from here to the user's call). Returns
+        the call's index on this group."""
         index = self._call_index
         self._call_index = index + 1
         if C.CHECK_COLLECTIVES and self.size > 1:
             self._check_agreement(name, index, sig)
         C.count(counted or name)
-        Watch.now = (self, name, sig, index, _monotonic(), _getframe(2))
+        Watch.now = (self, name, sig, index, _monotonic(), _getframe(depth))
         return index
 
     def _check_agreement(self, name: str, index: int, sig: tuple) -> None:
@@ -97,16 +99,13 @@ class ProcessGroup:
         """Elementwise reduction over the group; every rank gets the result (a new array)."""
         if type(x) is not np.ndarray:
             x = C.as_array(x, "all_reduce", "x")
+        return self._call("all_reduce", x, *self._check_all_reduce(x, op, out), out)
+
+    def _check_all_reduce(self, x, op="sum", out=None):
         op = C.reduce_op(op, x.dtype, "all_reduce", x.shape)
         if out is not None:
             C.check_out(out, x.shape, x.dtype, "all_reduce", C.is_cupy(x))
-        self._begin("all_reduce", (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op)))
-        try:
-            return self._all_reduce(x, op, out)
-        except self._comm_errors as e:
-            raise self._comm_failed(e) from e
-        finally:
-            Watch.now = None
+        return (op,), (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op)), x.shape
 
     def iall_reduce(self, x, op: Any = "sum") -> "PendingAllReduce":
         """Start an all-reduce of ``x`` *in place* and return at once (MPI_Iallreduce): the
@@ -140,9 +139,12 @@ class ProcessGroup:
         Sizes along ``axis`` may differ per rank (0 included); other dims must agree. ``sizes``
         (every rank's size along ``axis``) skips the size exchange when the caller knows them.
         """
-        name = "all_gather"
         if type(x) is not np.ndarray:
-            x = C.as_array(x, name, "x")
+            x = C.as_array(x, "all_gather", "x")
+        return self._call("all_gather", x, *self._check_all_gather(x, axis, sizes, out), out)
+
+    def _check_all_gather(self, x, axis=0, sizes=None, out=None):
+        name = "all_gather"
         axis = C.norm_axis(axis, x.ndim, name, "axis", x.shape)
         sizes = C.check_sizes(sizes, self.size, name, "sizes", None, x.shape)
         if sizes is not None and sizes[self.rank] != x.shape[axis]:
@@ -150,46 +152,40 @@ class ProcessGroup:
                 f"{name}: argument 'sizes'={sizes} says group rank {self.rank} has "
                 f"{sizes[self.rank]} along axis {axis} but x has shape={tuple(x.shape)}"
             )
+        shp = None
+        if sizes is not None:
+            shp = list(x.shape)
+            shp[axis] = sum(sizes)
         if out is not None:
             if sizes is None:
                 raise ValueError(f"{name}: argument 'out' needs 'sizes' to be given")
-            shp = list(x.shape)
-            shp[axis] = sum(sizes)
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
         other = x.shape[:axis] + (None,) + x.shape[axis + 1:]
-        self._begin(name, (("shape(except axis)", other), ("dtype", x.dtype.str), ("axis", axis),
-                           ("sizes", None if sizes is None else tuple(sizes))))
-        try:
-            return self._all_gather(x, axis, sizes, out)
-        except self._comm_errors as e:
-            raise self._comm_failed(e) from e
-        finally:
-            Watch.now = None
+        return (axis, sizes), (("shape(except axis)", other), ("dtype", x.dtype.str),
+                               ("axis", axis), ("sizes", None if sizes is None else tuple(sizes))), shp
 
     def reduce_scatter(self, x, op: Any = "sum", axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
         """Reduce equal-shaped ``x`` across ranks; rank i gets piece i of the split along ``axis``
         (``numpy.array_split`` sizes, or ``sizes``)."""
-        name = "reduce_scatter"
         if type(x) is not np.ndarray:
-            x = C.as_array(x, name, "x")
+            x = C.as_array(x, "reduce_scatter", "x")
+        return self._call("reduce_scatter", x,
+                          *self._check_reduce_scatter(x, op, axis, sizes, out), out)
+
+    def _check_reduce_scatter(self, x, op="sum", axis=0, sizes=None, out=None):
+        name = "reduce_scatter"
         op = C.reduce_op(op, x.dtype, name, x.shape)
         axis = C.norm_axis(axis, x.ndim, name, "axis", x.shape)
         if sizes is None:
             sizes = C.split_sizes(x.shape[axis], self.size)
         else:
             sizes = C.check_sizes(sizes, self.size, name, "sizes", x.shape[axis], x.shape)
+        shp = list(x.shape)
+        shp[axis] = sizes[self.rank]
         if out is not None:
-            shp = list(x.shape)
-            shp[axis] = sizes[self.rank]
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
-        self._begin(name, (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op),
-                           ("axis", axis), ("sizes", tuple(sizes))))
-        try:
-            return self._reduce_scatter(x, op, axis, sizes, out)
-        except self._comm_errors as e:
-            raise self._comm_failed(e) from e
-        finally:
-            Watch.now = None
+        return (op, axis, sizes), (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op),
+                                   ("axis", axis), ("sizes", tuple(sizes))), shp
 
     def all_to_all(self, x, split_axis: int, concat_axis: int, split_sizes: Optional[Sequence[int]] = None,
                    recv_sizes: Optional[Sequence[int]] = None, *, out=None):
@@ -199,9 +195,14 @@ class ProcessGroup:
         ``recv_sizes[s]`` is the size along ``concat_axis`` of the piece coming from source s;
         without it the sizes are exchanged with a small all-to-all of ints.
         """
-        name = "all_to_all"
         if type(x) is not np.ndarray:
-            x = C.as_array(x, name, "x")
+            x = C.as_array(x, "all_to_all", "x")
+        return self._call("all_to_all", x, *self._check_all_to_all(
+            x, split_axis, concat_axis, split_sizes, recv_sizes, out), out)
+
+    def _check_all_to_all(self, x, split_axis, concat_axis, split_sizes=None, recv_sizes=None,
+                          out=None):
+        name = "all_to_all"
         s = C.norm_axis(split_axis, x.ndim, name, "split_axis", x.shape)
         c = C.norm_axis(concat_axis, x.ndim, name, "concat_axis", x.shape)
         if split_sizes is None:
@@ -209,19 +210,61 @@ class ProcessGroup:
         else:
             ssizes = C.check_sizes(split_sizes, self.size, name, "split_sizes", x.shape[s], x.shape)
         rsizes = C.check_sizes(recv_sizes, self.size, name, "recv_sizes", None, x.shape)
+        shp = None if rsizes is None else self._a2a_result_shape(x.shape, s, c, ssizes, rsizes)
         if out is not None:
             if rsizes is None:
                 raise ValueError(f"{name}: argument 'out' needs 'recv_sizes' to be given")
-            C.check_out(out, self._a2a_result_shape(x.shape, s, c, ssizes, rsizes), x.dtype, name, C.is_cupy(x))
+            C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
         other = tuple(None if i in (s, c) else d for i, d in enumerate(x.shape))
-        self._begin(name, (("shape(except split/concat)", other), ("dtype", x.dtype.str),
-                           ("split_axis", s), ("concat_axis", c)))
+        return (s, c, ssizes, rsizes), (("shape(except split/concat)", other), ("dtype", x.dtype.str),
+                                        ("split_axis", s), ("concat_axis", c)), shp
+
+    def _call(self, name: str, x, args: tuple, sig: tuple, result_shape, out):
+        """Run the backend's ``_<name>`` on checked arguments, with the bookkeeping of every
+        collective (count, debug agreement, watchdog)."""
+        self._begin(name, sig, 3)
         try:
-            return self._all_to_all(x, s, c, ssizes, rsizes, out)
+            return getattr(self, "_" + name)(x, *args, out)
         except self._comm_errors as e:
             raise self._comm_failed(e) from e
         finally:
             Watch.now = None
+
+    def prepare(self, name: str, shape: Sequence[int], dtype: Any, **kwargs) -> Callable:
+        """``fn(x, out=None)`` running collective ``name`` (all_reduce, all_gather,
+        reduce_scatter or all_to_all) with ``kwargs`` on numpy arrays of ``shape`` and
+        ``dtype``: arguments are checked and resolved here, once, so a call only does the
+        bookkeeping of every collective (count, debug agreement, watchdog) and the
+        communication. Any other ``x`` (or an ``out`` the checks cannot foresee) takes the
+        general path, ``getattr(group, name)(x, **kwargs, out=out)``."""
+        if name not in _PREPARABLE:
+            raise ValueError(f"prepare: collective {name!r} is not one of {list(_PREPARABLE)}")
+        shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        meta = np.broadcast_to(np.empty((), dtype), shape)  # metadata only: no data
+        args, sig, result_shape = getattr(self, "_check_" + name)(meta, out=None, **kwargs)
+        run = self._prepared(name, shape, dtype, args)
+        general = getattr(self, name)
+
+        def call(x, out=None):
+            if type(x) is not np.ndarray or x.shape != shape or x.dtype != dtype or (
+                    out is not None and result_shape is None):
+                return general(x, **kwargs, out=out)
+            if out is not None:
+                C.check_out(out, result_shape, dtype, name, False)
+            self._begin(name, sig)
+            try:
+                return run(x, out)
+            except self._comm_errors as e:
+                raise self._comm_failed(e) from e
+            finally:
+                Watch.now = None
+        return call
+
+    def _prepared(self, name: str, shape: tuple, dtype: np.dtype, args: tuple) -> Callable:
+        """The backend's ``fn(x, out)`` for ``prepare`` (numpy ``x`` of ``shape``/``dtype``,
+        ``args`` as checked); backends override it to resolve more up front."""
+        impl = getattr(self, "_" + name)
+        return lambda x, out: impl(x, *args, out)
 
     def broadcast(self, x, src: int = 0, *, out=None):
         """Return ``src``'s array on every rank. Non-src ranks pass an array of the same
@@ -271,6 +314,34 @@ class ProcessGroup:
                 return out
             return data
         return self._recv(shape, dtype, src, int(tag), want_cupy, out)
+
+    def sendrecv(self, x, dst: int, src: Optional[int] = None,
+                 recv_shape: Optional[Sequence[int]] = None, *, out=None):
+        """Send ``x`` to group rank ``dst`` while receiving from group rank ``src`` (default
+        ``dst``) an array of ``recv_shape`` (default ``x.shape``) and x's dtype: the received
+        array (new, or ``out``). A collective of the whole group whose (dst, src) pairs form a
+        permutation: a pairwise exchange, a ring shift; a rank with dst == src == itself gets a
+        copy of ``x``."""
+        name = "sendrecv"
+        if type(x) is not np.ndarray:
+            x = C.as_array(x, name, "x")
+        dst = C.check_peer(dst, self.size, name, "dst")
+        src = dst if src is None else C.check_peer(src, self.size, name, "src")
+        if (dst == self.rank) != (src == self.rank):
+            raise ValueError(f"{name}: group rank {self.rank} sends to {dst} but receives from "
+                             f"{src}; a rank exchanges with itself on both sides or neither")
+        shape = tuple(x.shape) if recv_shape is None else tuple(int(d) for d in recv_shape)
+        if dst == self.rank and shape != tuple(x.shape):
+            raise ValueError(f"{name}: recv_shape={list(shape)} but group rank {self.rank} "
+                             f"receives its own x ({C.describe(x)})")
+        C.check_out(out, shape, x.dtype, name, C.is_cupy(x))
+        self._begin(name, (("dtype", x.dtype.str),))
+        try:
+            return self._sendrecv(x, dst, src, shape, out)
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        finally:
+            Watch.now = None
 
     def exchange_metadata(self, obj: Any) -> list:
         """Every rank's picklable ``obj``, in group-rank order: the runtime's metadata checks.
@@ -377,6 +448,9 @@ class LocalGroup(ProcessGroup):
         return _finish(x.copy(), out)
 
     def _broadcast(self, x, src, out):
+        return _finish(x.copy(), out)
+
+    def _sendrecv(self, x, dst, src, shape, out):
         return _finish(x.copy(), out)
 
     def _send(self, x, dst, tag):  # pragma: no cover - dst is always self here

@@ -8,7 +8,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from spmd_rules import DistAttr, ProcessMesh, ReshardPlan, Step, local_slices, split_range
+import collectives
+from spmd_rules import (DistAttr, ProcessMesh, ReshardPlan, Step, local_shape, local_slices,
+                         split_range)
 
 from ..tensor import array_module
 from .dist_tensor import empty_piece
@@ -37,24 +39,26 @@ def _sizes(total: int, parts: int) -> list[int]:
 _COLLECTIVE_OP = {"any": "max", "all": "min"}
 
 
-def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
-    """``step`` as a function of this rank's piece, with its group and sizes resolved."""
+def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord, dtype: np.dtype) -> Callable:
+    """``step`` as a function of this rank's piece, with its group, sizes and (for numpy
+    pieces) the collective's arguments resolved."""
     k, m = step.kind, step.mesh_dim
     n = mesh.shape[m] if m is not None else 1
     d = step.tensor_dim
-    if k == "all_reduce":
-        return partial(group_along(mesh, m).all_reduce,
-                       op=_COLLECTIVE_OP.get(step.reduce_type, step.reduce_type))
-    if k == "all_gather":
-        sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
-        return partial(group_along(mesh, m).all_gather, axis=d, sizes=sizes)
-    if k == "reduce_scatter":
-        return partial(group_along(mesh, m).reduce_scatter,
-                       op=_COLLECTIVE_OP.get(step.reduce_type, step.reduce_type), axis=d)
-    if k == "all_to_all":
-        sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
-        return partial(group_along(mesh, m).all_to_all, split_axis=step.split_dim,
-                       concat_axis=d, recv_sizes=sizes)
+    if k in _RECEIVES_INTO:
+        op = _COLLECTIVE_OP.get(step.reduce_type, step.reduce_type)
+        if k == "all_reduce":
+            args = {"op": op}
+        elif k == "reduce_scatter":
+            args = {"op": op, "axis": d}
+        else:
+            sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
+            args = ({"axis": d, "sizes": sizes} if k == "all_gather" else
+                    {"split_axis": step.split_dim, "concat_axis": d, "recv_sizes": sizes})
+        group = group_along(mesh, m)
+        if not isinstance(group, collectives.ProcessGroup):  # a mesh dim of size 1
+            return partial(getattr(group, k), **args)
+        return group.prepare(k, local_shape(shape, step.before, coord), dtype, **args)
     if k == "swap":
         return _swap(step, shape, mesh, coord)
     if k == "slice":
@@ -91,8 +95,8 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
 
 
 def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
-    """Exchange pieces with the rank whose coordinates along the two mesh dims are swapped
-    (the lower rank sends first, so blocking point-to-point calls cannot deadlock)."""
+    """One ``sendrecv`` with the rank whose coordinates along the two mesh dims are swapped,
+    on the group of the two."""
     a, b = step.mesh_dim, step.split_dim
     other = list(coord)
     other[a], other[b] = coord[b], coord[a]
@@ -100,18 +104,8 @@ def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
         return lambda arr: arr  # already holds its target piece
     peer, me = mesh.rank_at(other), get_rank()
     out_shape = tuple(s.stop - s.start for s in local_slices(shape, step.after, coord))
-    w = world()
-
-    def swap(arr):
-        like = None if isinstance(arr, np.ndarray) else arr
-        send = np.ascontiguousarray(arr) if like is None else arr
-        if me < peer:
-            w.send(send, peer)
-            return w.recv(out_shape, arr.dtype, peer, like=like)
-        got = w.recv(out_shape, arr.dtype, peer, like=like)
-        w.send(send, peer)
-        return got
-    return swap
+    pair = collectives.new_group(sorted((me, peer)))
+    return partial(pair.sendrecv, dst=1 - pair.rank, recv_shape=out_shape)
 
 
 def _identity(reduce_type: str, dtype):
@@ -147,9 +141,9 @@ class PreparedStep:
         self.accepts_out = accepts_out
 
 
-def _prepared(step: Step, shape, mesh: ProcessMesh, coord) -> PreparedStep:
+def _prepared(step: Step, shape, mesh: ProcessMesh, coord, dtype) -> PreparedStep:
     kind = "collective" if step.is_collective else "local"
-    return PreparedStep(kind, _prepare_step(step, shape, mesh, coord), step.describe(),
+    return PreparedStep(kind, _prepare_step(step, shape, mesh, coord, dtype), step.describe(),
                         step.bytes_per_rank, step.kind in _RECEIVES_INTO)
 
 
@@ -162,12 +156,12 @@ def prepare(plan: ReshardPlan, dtype: np.dtype) -> tuple[PreparedStep, ...]:
     if src_mesh == dst_mesh:
         if src_coord is None:
             return ()
-        return tuple(_prepared(s, shape, src_mesh, src_coord) for s in plan.steps)
+        return tuple(_prepared(s, shape, src_mesh, src_coord, dtype) for s in plan.steps)
     dst_coord = coord_of(dst_mesh)
     k = next(i for i, s in enumerate(plan.steps) if s.kind == "send_recv")
     out = []
     if src_coord is not None:
-        out += [_prepared(s, shape, src_mesh, src_coord) for s in plan.steps[:k]]
+        out += [_prepared(s, shape, src_mesh, src_coord, dtype) for s in plan.steps[:k]]
     p2p = plan.steps[k]
     me = get_rank()
 
@@ -178,7 +172,7 @@ def prepare(plan: ReshardPlan, dtype: np.dtype) -> tuple[PreparedStep, ...]:
         return recv
     out.append(PreparedStep("collective", move, p2p.describe(), p2p.bytes_per_rank))
     if dst_coord is not None:
-        out += [_prepared(s, shape, dst_mesh, dst_coord) for s in plan.steps[k + 1:]]
+        out += [_prepared(s, shape, dst_mesh, dst_coord, dtype) for s in plan.steps[k + 1:]]
     return tuple(out)
 
 

@@ -37,6 +37,7 @@ def test_local_collectives_are_copies(g):
         g.all_to_all(x, 0, 1),
         g.all_to_all(x, 1, 1, recv_sizes=[4]),
         g.broadcast(x, src=0),
+        g.sendrecv(x, 0),
     ):
         np.testing.assert_array_equal(y, x)
         assert y is not x

@@ -142,11 +142,22 @@ def gather_sizes(k, mode):
     return [3] * k
 
 
+@pytest.fixture(params=["interleave", "strided"])
+def gather_path(request, monkeypatch):
+    """all_gather along a non-leading axis both ways: flat Allgather + interleave, and
+    receives straight into place through vector datatypes."""
+    if request.param == "strided" and collectives.is_mpi():
+        from collectives import _mpi
+
+        monkeypatch.setattr(_mpi, "STRIDED_MIN_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["uneven", "few", "even"])
 @pytest.mark.parametrize("axis,ndim", [(0, 2), (1, 3), (-1, 3)])
 @pytest.mark.parametrize("pass_sizes", [False, True])
-def test_all_gather(g, dtype, mode, axis, ndim, pass_sizes):
+def test_all_gather(g, dtype, mode, axis, ndim, pass_sizes, gather_path):
     sizes = gather_sizes(g.size, mode)
     base = [2, 3, 4][:ndim]
     ax = axis % ndim
@@ -162,13 +173,14 @@ def test_all_gather(g, dtype, mode, axis, ndim, pass_sizes):
     np.testing.assert_array_equal(got, expect)
 
 
-def test_all_gather_out(g):
+def test_all_gather_out(g, gather_path):
     sizes = gather_sizes(g.size, "uneven")
-    x = data(g.rank, (sizes[g.rank], 3), np.float64)
-    out = np.empty((sum(sizes), 3))
-    res = g.all_gather(x, 0, sizes=sizes, out=out)
-    assert res is out
-    np.testing.assert_array_equal(out, np.concatenate([data(r, (sizes[r], 3), np.float64) for r in range(g.size)]))
+    for axis, shape_of in ((0, lambda k: (k, 3)), (1, lambda k: (4, k, 2))):
+        xs = [data(r, shape_of(sizes[r]), np.float64) for r in range(g.size)]
+        out = np.full(shape_of(sum(sizes)), np.nan)
+        res = g.all_gather(xs[g.rank], axis, sizes=sizes, out=out)
+        assert res is out
+        np.testing.assert_array_equal(out, np.concatenate(xs, axis))
 
 
 # ------------------------------------------------------------------------- reduce_scatter
@@ -271,6 +283,27 @@ def test_send_recv_ring(g):
     g.barrier()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sendrecv_ring_and_pairs(g, dtype):
+    """A ring shift with pieces of different shapes per rank, then pairwise exchanges
+    (odd sizes leave the last rank to itself), into a given buffer."""
+    k, me = g.size, g.rank
+    dst, src = (me + 1) % k, (me - 1) % k
+    got = g.sendrecv(data(me, (me + 1, 3), dtype), dst, src, recv_shape=(src + 1, 3))
+    np.testing.assert_array_equal(got, data(src, (src + 1, 3), dtype))
+    peer = me ^ 1 if (me ^ 1) < k else me
+    out = np.empty((2, 5), dtype)
+    x = data(me, (2, 5), dtype, salt=1)
+    assert g.sendrecv(x, peer, out=out) is out
+    np.testing.assert_array_equal(out, data(peer, (2, 5), dtype, salt=1))
+    assert not np.shares_memory(out, x)
+    with pytest.raises(ValueError, match=r"sendrecv: recv_shape=\[1\] but group rank .* own x"):
+        g.sendrecv(x, me, recv_shape=(1,))
+    if k > 1:
+        with pytest.raises(ValueError, match="sendrecv: group rank .* sends to .* but receives"):
+            g.sendrecv(x, me, (me + 1) % k)
+
+
 # ------------------------------------------------------------------------------ chunking
 def test_chunked_large_count_path(g, chunked):
     k, me = g.size, g.rank
@@ -289,6 +322,7 @@ def test_chunked_large_count_path(g, chunked):
         recv = [np.array_split(x, k, axis=s)[me].shape[c] for x in ax]
         np.testing.assert_array_equal(g.all_to_all(ax[me], s, c, recv_sizes=recv), a2a_oracle(ax, me, s, c, k))
     np.testing.assert_array_equal(g.broadcast(xs[me], src=k - 1), xs[k - 1])
+    np.testing.assert_array_equal(g.sendrecv(xs[me], (me + 1) % k, (me - 1) % k), xs[(me - 1) % k])
     if k > 1:
         if me == 0:
             g.send(xs[0], 1)
@@ -305,6 +339,7 @@ def test_counters(g):
     g.reduce_scatter(np.ones((g.size, 2)))
     g.all_to_all(np.ones((g.size, 2)), 0, 0)
     g.broadcast(x)
+    g.sendrecv(x, g.rank)
     g.barrier()
     g.send(x, g.rank)
     g.recv((4,), np.float64, g.rank)
@@ -392,3 +427,60 @@ def test_bad_inputs_raise_on_every_rank(g):
     with pytest.raises(ValueError, match="recv: argument 'src'"):
         g.recv((2,), np.float64, g.size + 3)
     g.barrier()  # nothing was left half-done
+
+
+# --------------------------------------------------------------------------- prepared calls
+PREPARED = [
+    ("all_reduce", lambda k, r: (5, 3), {"op": "sum"}),
+    ("all_reduce", lambda k, r: (4,), {"op": "max"}),
+    ("all_gather", lambda k, r: (gather_sizes(k, "uneven")[r], 3), {"axis": 0}),
+    ("all_gather", lambda k, r: (2, gather_sizes(k, "uneven")[r], 3), {"axis": 1}),
+    ("all_gather", lambda k, r: (0, gather_sizes(k, "even")[r]), {"axis": 1}),  # empty outer dim
+    ("all_gather", lambda k, r: (1, gather_sizes(k, "few")[r], 2), {"axis": 1}),
+    ("reduce_scatter", lambda k, r: (2 * k + 1, 3), {"op": "sum", "axis": 0}),
+    ("reduce_scatter", lambda k, r: (3, 2 * k + 1), {"op": "min", "axis": 1}),
+    ("all_to_all", lambda k, r: (k + 2, 2 * k), {"split_axis": 1, "concat_axis": 0}),
+    ("all_to_all", lambda k, r: (2 * k, 3), {"split_axis": 0, "concat_axis": 1}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64])
+@pytest.mark.parametrize("case", range(len(PREPARED)))
+def test_prepared_matches_general_call(g, dtype, case, gather_path):
+    """group.prepare(name, shape, dtype, **kw)(x) equals the numpy oracle of the general call,
+    with and without out=, and inputs of another shape/dtype take the general path."""
+    name, shape_of, kw = PREPARED[case]
+    k, me = g.size, g.rank
+    xs = [data(r, shape_of(k, r), dtype) for r in range(k)]
+    if name == "all_gather":
+        kw = dict(kw, sizes=[x.shape[kw["axis"]] for x in xs])
+        expect = np.concatenate(xs, kw["axis"])
+    elif name == "all_reduce":
+        expect = {"sum": sum, "max": lambda v: np.max(v, axis=0)}[kw["op"]](np.stack(xs))
+    elif name == "reduce_scatter":
+        red = np.sum(np.stack(xs), 0) if kw["op"] == "sum" else np.min(np.stack(xs), 0)
+        expect = np.array_split(red, k, axis=kw["axis"])[me]
+    else:
+        s, c = kw["split_axis"], kw["concat_axis"]
+        kw = dict(kw, recv_sizes=[np.array_split(x, k, axis=s)[me].shape[c] for x in xs])
+        expect = np.concatenate([np.array_split(x, k, axis=s)[me] for x in xs], c)
+    fn = g.prepare(name, xs[me].shape, dtype, **kw)
+    before = collectives.collective_counts()[name]
+    np.testing.assert_array_equal(fn(xs[me]), expect)
+    out = np.full(expect.shape, 7, dtype)
+    assert fn(xs[me], out=out) is out
+    np.testing.assert_array_equal(out, expect)
+    np.testing.assert_array_equal(fn(xs[me].astype(np.float32)), expect.astype(np.float32))
+    assert collectives.collective_counts()[name] - before == 3
+
+
+def test_prepare_checks_arguments_once(g):
+    with pytest.raises(ValueError, match="prepare: collective 'broadcast' is not one of"):
+        g.prepare("broadcast", (2,), np.float64)
+    with pytest.raises(ValueError, match=r"all_gather: argument 'axis'=2 is out of range .*\(4, 3\)"):
+        g.prepare("all_gather", (4, 3), np.float64, axis=2)
+    with pytest.raises(TypeError, match="all_reduce: reduce op 'avg' is not supported for dtype int64"):
+        g.prepare("all_reduce", (4,), np.int64, op="avg")
+    fn = g.prepare("all_reduce", (4,), np.float64)
+    with pytest.raises(ValueError, match="all_reduce: argument 'out' has shape=\\(3,\\)"):
+        fn(np.ones(4), out=np.empty(3))

@@ -207,10 +207,9 @@ def run_case(G, mesh, src_pl, dst_pl, seed=0, public=None) -> list[str]:
         if member:
             coord = mesh.get_coord(world().rank)
             for s in plan.steps:
-                if s.kind == "swap":  # a pairwise exchange: off-diagonal ranks send + receive
+                if s.kind == "swap":  # a pairwise exchange: off-diagonal ranks sendrecv
                     if coord[s.mesh_dim] != coord[s.split_dim]:
-                        for k in ("send", "recv"):
-                            want_kinds[k] = want_kinds.get(k, 0) + 1
+                        want_kinds["sendrecv"] = want_kinds.get("sendrecv", 0) + 1
                 elif s.is_collective:
                     want_kinds[s.kind] = want_kinds.get(s.kind, 0) + 1
         if delta != want_kinds:
@@ -426,7 +425,7 @@ def test_dtensor_to_local_three_args_and_set_value():
 
 
 def test_shard_moving_between_mesh_dims_is_one_pairwise_exchange():
-    """``[S(0), R] -> [R, S(0)]`` on 2x2 (issue 13): one send and one receive on the
+    """``[S(0), R] -> [R, S(0)]`` on 2x2 (issue 13): one sendrecv on the
     off-diagonal ranks, nothing on the diagonal, no all-gather; also with another dim sharded
     and with uneven sizes; the gradient goes back the same way."""
     mesh = get_mesh("2x2")
@@ -444,7 +443,7 @@ def test_shard_moving_between_mesh_dims_is_one_pairwise_exchange():
         y = dt.reshard(x, mesh, dst)
         moved = counts_delta(before)
         a, b = (0, 1)
-        want = {} if coord[a] == coord[b] else {"send": 1, "recv": 1}
+        want = {} if coord[a] == coord[b] else {"sendrecv": 1}
         assert moved == want, (rank, moved)
         assert check_value(y._local_array(), mesh, y._value.dist_attr, G) is None
         W = global_array(shape, seed=42)
