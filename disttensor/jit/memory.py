@@ -10,7 +10,7 @@ Pure functions over plain data, so they are tested on fixed instances:
 * :func:`plan_arena` — offsets (multiples of :data:`ALIGN`) for buffers with inclusive live
   ranges ``[first, last]``, such that buffers live at the same time never overlap. It tries
   best-fit in program order (a free-list simulation), greedy by size (Pisarchyk & Lee 2020,
-  "offset calculation"), greedy by conflicts, greedy by randomly perturbed sizes and a hill
+  "offset calculation"), greedy by the peak each buffer spans, greedy by conflicts, greedy by randomly perturbed sizes and a hill
   climb over placement orders (both seeded), and keeps the smallest arena; it stops early when one comes within 0.1% of the lower bound
   (no order can do better than the bound).
 * :func:`lower_bound` — the most bytes live at one instruction (XLA's NoFragmentation heap size);
@@ -278,6 +278,16 @@ def _perturbed(buffers: Sequence[Buffer]) -> dict[int, int]:
     return best or _greedy(buffers, lambda b: (-b.size, b.first, b.id))
 
 
+def _by_pressure(buffers: Sequence[Buffer]) -> dict[int, int]:
+    """Greedy placement, buffers in order of the most bytes live at any instruction of their
+    range (those live at the peak first, then those at lower peaks), larger first among
+    equals: a buffer that spans two peaks goes under the ones live at only one of them (the
+    breadth-first idea of Pisarchyk & Lee, per buffer)."""
+    live = np.asarray(live_bytes(buffers))
+    pressure = {b.id: int(live[b.first:b.last + 1].max()) for b in buffers}
+    return _greedy(buffers, lambda b: (-pressure[b.id], -b.size, b.first, b.id))
+
+
 def _hill_climb(buffers: Sequence[Buffer]) -> dict[int, int]:
     """Greedy placement in an order improved by local moves (as TVM's USMP hill climb): move a
     buffer that reaches the top of the arena to a random earlier place in the order, keep the
@@ -316,6 +326,7 @@ def _hill_climb(buffers: Sequence[Buffer]) -> dict[int, int]:
 STRATEGIES: dict[str, Callable[[Sequence[Buffer]], dict[int, int]]] = {
     "best_fit_in_order": _best_fit_in_order,
     "greedy_by_size": lambda bs: _greedy(bs, lambda b: (-b.size, b.first, b.id)),
+    "greedy_by_pressure": _by_pressure,
     "greedy_by_conflicts": lambda bs: (lambda c: _greedy(
         bs, lambda b: (-c[b.id], -b.size, b.first, b.id)))(_conflicts(bs)),
     "perturbed_greedy_by_size": _perturbed,

@@ -456,7 +456,7 @@ def test_co_shard_order_local_pieces_and_reorder_by_one_pairwise_exchange():
     """``[Shard(0, shard_order=1), Shard(0, shard_order=0)]`` on 2x2 splits dim 0 over mesh
     dim 1 first: rank (i, j) holds block 2j + i of the nested array_split (uneven: 13 rows are
     4, 3, 3, 3). Reordering to the default order and back is one pairwise exchange (off-diagonal
-    ranks send and receive once, the diagonal nothing); the gradient goes back the same way."""
+    ranks make one sendrecv, the diagonal nothing); the gradient goes back the same way."""
     mesh = get_mesh("2x2")
     coord = mesh.get_coord(world().rank)
     ordered = [Shard(0, shard_order=1), Shard(0, shard_order=0)]
@@ -471,7 +471,7 @@ def test_co_shard_order_local_pieces_and_reorder_by_one_pairwise_exchange():
         assert [s.kind for s in plan.steps] == ["swap"], str(plan)
         before = collectives.collective_counts()
         y = dt.reshard(x, mesh, [Shard(0), Shard(0)])
-        want = {} if coord[0] == coord[1] else {"send": 1, "recv": 1}
+        want = {} if coord[0] == coord[1] else {"sendrecv": 1}
         assert counts_delta(before) == want
         assert y.placements == [Shard(0), Shard(0)]
         assert check_value(y._local_array(), mesh, y._value.dist_attr, G) is None
