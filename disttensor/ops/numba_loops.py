@@ -1,0 +1,363 @@
+"""Compiled loops (numba) behind :mod:`disttensor.ops.fast`: softmax, layer_norm, relu and gelu
+and their gradients, each one pass over a row that stays in cache (or one elementwise pass).
+
+The loops take float32 or float64 arrays of one dtype. softmax, relu, gelu and their gradients
+take arrays of any shape and ``out`` (an array of that shape, or None to write into the last
+input: relu_ writes x, a gradient may overwrite dout; an ``out`` must not overlap the inputs
+unless it is one of them exactly) and return False, having written nothing, unless every array
+is C-contiguous, non-empty and of one shape — checked per compiled signature, so the check costs
+nothing per call. layer_norm's loops take ``[rows, n]`` views and the outputs to fill. Loops are single-threaded (ranks run
+one thread each) and compiled once per dtype, cached on disk (``cache=True``).
+
+Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a
+Taylor polynomial, the power of two built from its exponent bits) so that loops calling it
+vectorize: libm's scalar ``expf`` is several times slower. Row maxima use LLVM's ``maxnum``,
+which vectorizes; a NaN in a row still reaches every output of that row through the sum.
+Floating-point flags: reassociation (vectorized sums) and FMA contraction only, so NaN and
+infinities keep numpy's meaning.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+_SUMS = {"reassoc", "contract", "nsz"}  # vectorized reductions; NaN/inf keep their meaning
+_JIT = dict(cache=True, nogil=True, fastmath=_SUMS, error_model="numpy")  # x / 0: inf, no raise
+
+
+# -- scalar helpers --------------------------------------------------------------------------
+
+@intrinsic
+def _maxnum(typingctx, a, b):
+    """``max(a, b)`` ignoring a NaN operand (LLVM ``maxnum``: vectorizes as a reduction)."""
+    def codegen(context, builder, sig, args):
+        t = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [t], ir.FunctionType(t, [t, t]))
+        return builder.call(fn, args)
+    return a(a, b), codegen
+
+
+@intrinsic
+def _float_from_bits(typingctx, bits):
+    """The float whose bit pattern is ``bits`` (int32 -> float32, int64 -> float64)."""
+    out = {types.int32: types.float32, types.int64: types.float64}.get(bits)
+    if out is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], context.get_value_type(out))
+    return out(bits), codegen
+
+
+def _ln2_split(dtype, low_bits: int) -> tuple:
+    """ln 2 as hi + lo with hi's last ``low_bits`` mantissa bits zero, so ``k * hi`` is exact
+    for the exponents k that occur."""
+    ints = np.int32 if dtype == np.float32 else np.int64
+    hi = np.array(math.log(2.0), dtype)
+    hi = (hi.view(ints) & ~ints((1 << low_bits) - 1)).view(dtype)
+    return dtype(hi), dtype(math.log(2.0) - float(hi))
+
+
+class _ExpConsts:
+    """Per-dtype constants of :func:`_exp`: the input range whose result is a normal number,
+    ln 2 split in two, and the Taylor degree that reaches the dtype's precision on
+    ``|r| <= ln2 / 2`` (7 for float32: 5e-9 relative; 13 for float64: 4e-18)."""
+
+    def __init__(self, dtype, low_bits, degree):
+        info = np.finfo(dtype)
+        self.hi = dtype(math.log(float(info.max)))
+        self.lo = dtype(math.log(float(info.tiny)) + math.log(2.0))  # 2**(k-1) stays normal
+        self.log2e = dtype(1.0 / math.log(2.0))
+        self.ln2_hi, self.ln2_lo = _ln2_split(dtype, low_bits)
+        self.coef = tuple(dtype(1.0 / math.factorial(i)) for i in range(degree + 1))
+
+
+_E32 = _ExpConsts(np.float32, 12, 7)
+_E64 = _ExpConsts(np.float64, 32, 13)
+# module-level names numba freezes as typed constants
+_HI32, _LO32, _L2E32, _LN2H32, _LN2L32 = _E32.hi, _E32.lo, _E32.log2e, _E32.ln2_hi, _E32.ln2_lo
+_HI64, _LO64, _L2E64, _LN2H64, _LN2L64 = _E64.hi, _E64.lo, _E64.log2e, _E64.ln2_hi, _E64.ln2_lo
+_P32 = _E32.coef
+_P64 = _E64.coef
+
+
+@njit(inline="always", cache=True)
+def _exp32(x):
+    xc = x if x < _HI32 else _HI32
+    xc = xc if xc > _LO32 else _LO32
+    k = np.floor(xc * _L2E32 + np.float32(0.5))
+    r = (xc - k * _LN2H32) - k * _LN2L32
+    p = _P32[7]
+    p = p * r + _P32[6]
+    p = p * r + _P32[5]
+    p = p * r + _P32[4]
+    p = p * r + _P32[3]
+    p = p * r + _P32[2]
+    p = p * r + _P32[1]
+    p = p * r + _P32[0]
+    # 2**(k-1) from its exponent bits (numba widens int32 arithmetic: narrow it back)
+    res = p * _float_from_bits(np.int32((np.int32(k) + 126) << 23)) * np.float32(2)
+    res = np.float32(np.inf) if x > _HI32 else res
+    return np.float32(0) if x < _LO32 else res
+
+
+@njit(inline="always", cache=True)
+def _exp64(x):
+    xc = x if x < _HI64 else _HI64
+    xc = xc if xc > _LO64 else _LO64
+    k = np.floor(xc * _L2E64 + 0.5)
+    r = (xc - k * _LN2H64) - k * _LN2L64
+    p = _P64[13]
+    for i in range(12, -1, -1):  # constant trip count: unrolled
+        p = p * r + _P64[i]
+    res = p * _float_from_bits((np.int64(k) + 1022) << 52) * 2.0
+    res = np.inf if x > _HI64 else res
+    return 0.0 if x < _LO64 else res
+
+
+def _exp(x):
+    """``exp(x)`` in x's dtype within about one unit in the last place (results below the
+    smallest normal number are 0); vectorizes in a loop."""
+    return math.exp(x)
+
+
+@overload(_exp)
+def _exp_typed(x):
+    if x == types.float32:
+        return lambda x: _exp32(x)
+    if x == types.float64:
+        return lambda x: _exp64(x)
+    return None
+
+
+# -- what a loop applies to (decided per compiled signature: no cost per call) ----------------
+
+def _usable(x):
+    """x is a non-empty C-contiguous array of >= 1 dim (else the loop writes nothing)."""
+
+
+@overload(_usable)
+def _usable_typed(x):
+    if x.layout != "C" or x.ndim == 0:
+        return lambda x: False
+    return lambda x: x.size > 0
+
+
+def _like(x, a):
+    """``a`` is None, or C-contiguous of x's shape."""
+
+
+@overload(_like)
+def _like_typed(x, a):
+    if isinstance(a, types.NoneType):
+        return lambda x, a: True
+    if a.layout != "C" or a.ndim != x.ndim:
+        return lambda x, a: False
+    return lambda x, a: a.shape == x.shape
+
+
+def _into(src, out):
+    """The array a loop writes: ``out``, or ``src`` itself when ``out`` is None (in place: a
+    separate compilation, in which the loop reads and writes one array and still vectorizes;
+    with two names for one buffer LLVM's overlap check would choose its scalar loop)."""
+
+
+@overload(_into)
+def _into_typed(src, out):
+    if isinstance(out, types.NoneType):
+        return lambda src, out: src
+    return lambda src, out: out
+
+
+def _rows(a):
+    """C-contiguous ``a`` as ``[rows, a.shape[-1]]`` (a view); None stays None."""
+
+
+@overload(_rows)
+def _rows_typed(a):
+    if isinstance(a, types.NoneType):
+        return lambda a: None
+    if a.layout != "C":  # never run (the loops check _usable / _like first), only typed
+        return lambda a: np.empty((0, 1), a.dtype)
+    return lambda a: a.reshape(a.size // a.shape[-1], a.shape[-1])
+
+
+def _flat(a):
+    """C-contiguous ``a`` as one dim (a view); None stays None."""
+
+
+@overload(_flat)
+def _flat_typed(a):
+    if isinstance(a, types.NoneType):
+        return lambda a: None
+    if a.layout != "C":  # never run, only typed (as in _rows)
+        return lambda a: np.empty(0, a.dtype)
+    return lambda a: a.reshape(a.size)
+
+
+# -- softmax --------------------------------------------------------------------------------
+
+@njit(**_JIT)
+def softmax(x, out):
+    """``exp(x - max) / sum(exp(x - max))`` over the last axis."""
+    if not (_usable(x) and _like(x, out)):
+        return False
+    x = _rows(x)
+    dst = _into(x, _rows(out))
+    rows, n = x.shape
+    for i in range(rows):
+        m = x[i, 0]
+        for j in range(n):  # from 0: a trip count the vectorized loop takes at n = 64
+            m = _maxnum(m, x[i, j])
+        s = x.dtype.type(0.0)
+        for j in range(n):
+            e = _exp(x[i, j] - m)
+            dst[i, j] = e
+            s += e
+        inv = x.dtype.type(1.0) / s
+        for j in range(n):
+            dst[i, j] *= inv
+    return True
+
+
+@njit(**_JIT)
+def softmax_grad(y, g, out):
+    """``y * (g - sum(g * y))`` over the last axis."""
+    if not (_usable(y) and _like(y, g) and _like(y, out)):
+        return False
+    y, g = _rows(y), _rows(g)
+    dst = _into(g, _rows(out))
+    rows, n = y.shape
+    for i in range(rows):
+        d = y.dtype.type(0.0)
+        for j in range(n):
+            d += g[i, j] * y[i, j]
+        for j in range(n):
+            dst[i, j] = y[i, j] * (g[i, j] - d)
+    return True
+
+
+# -- layer_norm -----------------------------------------------------------------------------
+
+@njit(**_JIT)
+def layer_norm(x, w, b, eps, out, mean, rstd):
+    """Per row of ``[rows, n]``: mean, ``rstd = 1 / sqrt(var + eps)`` (biased variance, two
+    passes over the cached row), ``out = (x - mean) * rstd * w + b``."""
+    rows, n = x.shape
+    one = x.dtype.type(1.0)
+    inv_n = one / n
+    e = x.dtype.type(eps)
+    for i in range(rows):
+        s = x.dtype.type(0.0)
+        for j in range(n):
+            s += x[i, j]
+        mu = s * inv_n
+        v = x.dtype.type(0.0)
+        for j in range(n):
+            c = x[i, j] - mu
+            v += c * c
+        r = one / math.sqrt(v * inv_n + e)
+        mean[i] = mu
+        rstd[i] = r
+        for j in range(n):
+            out[i, j] = (x[i, j] - mu) * r * w[j] + b[j]
+
+
+@njit(**_JIT)
+def layer_norm_grad(x, w, mean, rstd, dout, dx, dw, db):
+    """With xhat = (x - mean) * rstd and dxhat = dout * w per row:
+    ``dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))``; ``dw``/``db`` (zeroed
+    here) get the column sums of ``dout * xhat`` and ``dout``."""
+    rows, n = x.shape
+    inv_n = x.dtype.type(1.0) / n
+    dw[:] = 0
+    db[:] = 0
+    for i in range(rows):
+        mu, r = mean[i], rstd[i]
+        a = x.dtype.type(0.0)
+        c = x.dtype.type(0.0)
+        for j in range(n):
+            dxh = dout[i, j] * w[j]
+            a += dxh
+            c += dxh * ((x[i, j] - mu) * r)
+        a *= inv_n
+        c *= inv_n
+        for j in range(n):
+            xh = (x[i, j] - mu) * r
+            dxi = dout[i, j]
+            dx[i, j] = r * (dxi * w[j] - a - xh * c)
+            dw[j] += dxi * xh
+            db[j] += dxi
+
+
+# -- relu, gelu (flat) ----------------------------------------------------------------------
+
+@njit(**_JIT)
+def relu(x, out):
+    """x where not ``x < 0``, else 0 (NaN stays NaN)."""
+    if not (_usable(x) and _like(x, out)):
+        return False
+    x = _flat(x)
+    dst = _into(x, _flat(out))
+    zero = x.dtype.type(0.0)
+    for i in range(x.size):
+        v = x[i]
+        dst[i] = zero if v < zero else v
+    return True
+
+
+@njit(**_JIT)
+def relu_grad(y, g, out):
+    """``g * (y > 0)``."""
+    if not (_usable(y) and _like(y, g) and _like(y, out)):
+        return False
+    y, g = _flat(y), _flat(g)
+    dst = _into(g, _flat(out))
+    zero = y.dtype.type(0.0)
+    one = y.dtype.type(1.0)
+    for i in range(y.size):
+        dst[i] = g[i] * (one if y[i] > zero else zero)
+    return True
+
+
+_TANH_C = math.sqrt(2.0 / math.pi)
+_TANH_A = 0.044715
+
+
+@njit(**_JIT)
+def gelu_tanh(x, out):
+    """``x * sigmoid(2 * C * (x + A x^3))``, which equals ``0.5 x (1 + tanh(C (x + A x^3)))``."""
+    one = x.dtype.type(1.0)
+    c2 = x.dtype.type(-2.0 * _TANH_C)
+    ca2 = x.dtype.type(-2.0 * _TANH_C * _TANH_A)
+    if not (_usable(x) and _like(x, out)):
+        return False
+    x = _flat(x)
+    dst = _into(x, _flat(out))
+    for i in range(x.size):
+        v = x[i]
+        dst[i] = v / (one + _exp(v * (c2 + ca2 * v * v)))
+    return True
+
+
+@njit(**_JIT)
+def gelu_tanh_grad(x, g, out):
+    """``g * (s + 2 x s (1 - s) C (1 + 3 A x^2))`` with s = sigmoid(2 C (x + A x^3))."""
+    one = x.dtype.type(1.0)
+    c2 = x.dtype.type(-2.0 * _TANH_C)
+    ca2 = x.dtype.type(-2.0 * _TANH_C * _TANH_A)
+    k = x.dtype.type(2.0 * _TANH_C)
+    k3 = x.dtype.type(2.0 * _TANH_C * 3.0 * _TANH_A)
+    if not (_usable(x) and _like(x, g) and _like(x, out)):
+        return False
+    x, g = _flat(x), _flat(g)
+    dst = _into(g, _flat(out))
+    for i in range(x.size):
+        v = x[i]
+        s = one / (one + _exp(v * (c2 + ca2 * v * v)))
+        dst[i] = g[i] * (s + v * s * (one - s) * (k + k3 * v * v))
+    return True
