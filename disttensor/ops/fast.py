@@ -58,25 +58,40 @@ _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def _floats(xp, x, *others) -> bool:
-    """numpy arrays of one dtype, float32 or float64 (None among ``others`` skipped)."""
-    if xp is not np or type(x) is not np.ndarray:
+    """numpy arrays of one dtype, float32 or float64, C-contiguous, x non-empty (None among
+    ``others`` skipped)."""
+    if xp is not np or type(x) is not np.ndarray or not x.size or not x.flags.c_contiguous:
         return False
     d = x.dtype
     if d is not _F32 and d is not _F64:
         return False
     for a in others:
-        if a is not None and (type(a) is not np.ndarray or a.dtype is not d):
+        if a is not None and (type(a) is not np.ndarray or a.dtype is not d
+                              or not a.flags.c_contiguous):
             return False
     return True
 
 
-def _contiguous(*arrays) -> bool:
-    return all(a is None or a.flags.c_contiguous for a in arrays)
+def _fits(xp, x, a, b=None) -> bool:
+    """:func:`_floats` for an elementwise call: ``a`` and ``b`` (None or arrays) also of x's
+    shape. The check every call of the elementwise kernels pays, so written out."""
+    if xp is not np or type(x) is not np.ndarray or not x.flags.c_contiguous or not x.size:
+        return False
+    d = x.dtype
+    if d is not _F32 and d is not _F64:
+        return False
+    if a is not None and a is not x and (type(a) is not np.ndarray or a.dtype is not d
+                                         or a.shape != x.shape or not a.flags.c_contiguous):
+        return False
+    return b is None or (type(b) is np.ndarray and b.dtype is d and b.shape == x.shape
+                         and b.flags.c_contiguous)
 
 
 def _rows(a: np.ndarray, lead: int) -> np.ndarray:
     """``a`` as ``[rows, n]``: the axes from ``lead`` on flattened into n."""
     return a.reshape(-1, math.prod(a.shape[lead:]))
+
+
 
 
 def _compiled(numpy_kernel: Kernel):
@@ -87,23 +102,35 @@ def _compiled(numpy_kernel: Kernel):
     return deco
 
 
-def _dest(out, src, like):
-    """(result, the loop's ``out``): ``src`` itself and None when ``out`` is ``src`` (the
-    loop's in-place form), else ``out`` (fresh when None) twice."""
-    if out is src:
-        return src, None
-    out = np.empty_like(like) if out is None else out
-    return out, out
+def _run1(loop, x, out, shape) -> np.ndarray:
+    """``loop(x, dest)`` on the arrays reshaped to ``shape``: ``dest`` None when ``out`` is x
+    (the loop's in-place form), else ``out`` (fresh when None); returns the result."""
+    if out is x:
+        loop(x.reshape(shape), None)
+        return x
+    if out is None:
+        out = np.empty_like(x)
+    loop(x.reshape(shape), out.reshape(shape))
+    return out
+
+
+def _run2(loop, y, g, out, shape) -> np.ndarray:
+    """``loop(y, g, dest)``, in place into g when ``out`` is g (as :func:`_run1`)."""
+    if out is g:
+        loop(y.reshape(shape), g.reshape(shape), None)
+        return g
+    if out is None:
+        out = np.empty_like(y)
+    loop(y.reshape(shape), g.reshape(shape), out.reshape(shape))
+    return out
 
 
 def softmax(numpy_kernel: Kernel) -> Kernel:
     """``softmax(xp, x, axis, out=None)``."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, axis, out=None):
-        if axis == x.ndim - 1 and _floats(xp, x, out):
-            res, dest = _dest(out, x, x)
-            if _loops().softmax(x, dest):
-                return res
+        if axis == x.ndim - 1 and _fits(xp, x, out):
+            return _run1(_loops().softmax, x, out, (-1, x.shape[-1]))
         return numpy_kernel(xp, x, axis, out=out)
     return kernel
 
@@ -112,10 +139,8 @@ def softmax_grad(numpy_kernel: Kernel) -> Kernel:
     """``softmax_grad(xp, y, dout, axis, out=None)``."""
     @_compiled(numpy_kernel)
     def kernel(xp, y, dout, axis, out=None):
-        if axis == y.ndim - 1 and _floats(xp, y, dout, out):
-            res, dest = _dest(out, dout, y)
-            if _loops().softmax_grad(y, dout, dest):
-                return res
+        if axis == y.ndim - 1 and _fits(xp, y, dout, out):
+            return _run2(_loops().softmax_grad, y, dout, out, (-1, y.shape[-1]))
         return numpy_kernel(xp, y, dout, axis, out=out)
     return kernel
 
@@ -131,7 +156,7 @@ def layer_norm(numpy_kernel: Kernel) -> Kernel:
     """``layer_norm(xp, x, weight, bias, begin_norm_axis, epsilon) -> (out, mean, rstd)``."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, weight, bias, begin_norm_axis, epsilon):
-        if not (_floats(xp, x, weight, bias) and x.size and _contiguous(x, weight, bias)):
+        if not _floats(xp, x, weight, bias):
             return numpy_kernel(xp, x, weight, bias, begin_norm_axis, epsilon)
         x2 = _rows(x, begin_norm_axis)
         w, b = _params(x, weight, bias, x2.shape[1])
@@ -149,8 +174,7 @@ def layer_norm_grad(numpy_kernel: Kernel) -> Kernel:
     (dx, dweight, dbias)``; dweight/dbias shaped like weight (else ``x.shape[b:]``)."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon):
-        if not (_floats(xp, x, weight, mean, rstd, dout) and x.size and dout.shape == x.shape
-                and _contiguous(x, weight, mean, rstd, dout)):
+        if not (_floats(xp, x, weight, mean, rstd, dout) and dout.shape == x.shape):
             return numpy_kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon)
         x2 = _rows(x, begin_norm_axis)
         n = x2.shape[1]
@@ -169,10 +193,8 @@ def relu(numpy_kernel: Kernel) -> Kernel:
     """``relu(xp, x, out=None)``; ``out`` may be x (``relu_`` writes x directly)."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, out=None):
-        if _floats(xp, x, out):
-            res, dest = _dest(out, x, x)
-            if _loops().relu(x, dest):
-                return res
+        if _fits(xp, x, out):
+            return _run1(_loops().relu, x, out, -1)
         return numpy_kernel(xp, x, out=out)
     return kernel
 
@@ -181,10 +203,8 @@ def relu_grad(numpy_kernel: Kernel) -> Kernel:
     """``relu_grad(xp, out, dout, out=None)``: dout where the forward's output is > 0."""
     @_compiled(numpy_kernel)
     def kernel(xp, y, dout, out=None):
-        if _floats(xp, y, dout, out):
-            res, dest = _dest(out, dout, y)
-            if _loops().relu_grad(y, dout, dest):
-                return res
+        if _fits(xp, y, dout, out):
+            return _run2(_loops().relu_grad, y, dout, out, -1)
         return numpy_kernel(xp, y, dout, out=out)
     return kernel
 
@@ -193,10 +213,8 @@ def gelu(numpy_kernel: Kernel) -> Kernel:
     """``gelu(xp, x, approximate=False, out=None)``: compiled for the tanh approximation."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, approximate=False, out=None):
-        if approximate and _floats(xp, x, out):
-            res, dest = _dest(out, x, x)
-            if _loops().gelu_tanh(x, dest):
-                return res
+        if approximate and _fits(xp, x, out):
+            return _run1(_loops().gelu_tanh, x, out, -1)
         return numpy_kernel(xp, x, approximate=approximate, out=out)
     return kernel
 
@@ -206,9 +224,7 @@ def gelu_grad(numpy_kernel: Kernel) -> Kernel:
     approximation."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, dout, approximate=False, out=None):
-        if approximate and _floats(xp, x, dout, out):
-            res, dest = _dest(out, dout, x)
-            if _loops().gelu_tanh_grad(x, dout, dest):
-                return res
+        if approximate and _fits(xp, x, dout, out):
+            return _run2(_loops().gelu_tanh_grad, x, dout, out, -1)
         return numpy_kernel(xp, x, dout, approximate=approximate, out=out)
     return kernel

@@ -1,12 +1,11 @@
 """Compiled loops (numba) behind :mod:`disttensor.ops.fast`: softmax, layer_norm, relu and gelu
 and their gradients, each one pass over a row that stays in cache (or one elementwise pass).
 
-The loops take float32 or float64 arrays of one dtype. softmax, relu, gelu and their gradients
-take arrays of any shape and ``out`` (an array of that shape, or None to write into the last
-input: relu_ writes x, a gradient may overwrite dout; an ``out`` must not overlap the inputs
-unless it is one of them exactly) and return False, having written nothing, unless every array
-is C-contiguous, non-empty and of one shape — checked per compiled signature, so the check costs
-nothing per call. layer_norm's loops take ``[rows, n]`` views and the outputs to fill. Loops are single-threaded (ranks run
+The loops take non-empty C-contiguous arrays of one dtype, float32 or float64: softmax and
+layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu and gelu flat
+ones. softmax, relu, gelu and their gradients write ``out``, or their last input when ``out`` is
+None (relu_ writes x, a gradient may overwrite dout); an ``out`` must not overlap the inputs.
+Loops are single-threaded (ranks run
 one thread each) and compiled once per dtype, cached on disk (``cache=True``).
 
 Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a
@@ -18,6 +17,7 @@ infinities keep numpy's meaning.
 """
 from __future__ import annotations
 
+import decimal
 import math
 
 import numpy as np
@@ -55,11 +55,13 @@ def _float_from_bits(typingctx, bits):
 
 def _ln2_split(dtype, low_bits: int) -> tuple:
     """ln 2 as hi + lo with hi's last ``low_bits`` mantissa bits zero, so ``k * hi`` is exact
-    for the exponents k that occur."""
+    for the exponents k that occur; lo from ln 2 to 40 digits (float64's ln 2 is off by 2e-17,
+    which k = 1000 would make 2e-14)."""
     ints = np.int32 if dtype == np.float32 else np.int64
     hi = np.array(math.log(2.0), dtype)
     hi = (hi.view(ints) & ~ints((1 << low_bits) - 1)).view(dtype)
-    return dtype(hi), dtype(math.log(2.0) - float(hi))
+    ln2 = decimal.Context(prec=40).ln(2)
+    return dtype(hi), dtype(float(ln2 - decimal.Decimal(float(hi))))
 
 
 class _ExpConsts:
@@ -102,7 +104,8 @@ def _exp32(x):
     # 2**(k-1) from its exponent bits (numba widens int32 arithmetic: narrow it back)
     res = p * _float_from_bits(np.int32((np.int32(k) + 126) << 23)) * np.float32(2)
     res = np.float32(np.inf) if x > _HI32 else res
-    return np.float32(0) if x < _LO32 else res
+    res = np.float32(0) if x < _LO32 else res
+    return x if x != x else res  # NaN
 
 
 @njit(inline="always", cache=True)
@@ -116,7 +119,8 @@ def _exp64(x):
         p = p * r + _P64[i]
     res = p * _float_from_bits((np.int64(k) + 1022) << 52) * 2.0
     res = np.inf if x > _HI64 else res
-    return 0.0 if x < _LO64 else res
+    res = 0.0 if x < _LO64 else res
+    return x if x != x else res  # NaN
 
 
 def _exp(x):
@@ -134,31 +138,7 @@ def _exp_typed(x):
     return None
 
 
-# -- what a loop applies to (decided per compiled signature: no cost per call) ----------------
-
-def _usable(x):
-    """x is a non-empty C-contiguous array of >= 1 dim (else the loop writes nothing)."""
-
-
-@overload(_usable)
-def _usable_typed(x):
-    if x.layout != "C" or x.ndim == 0:
-        return lambda x: False
-    return lambda x: x.size > 0
-
-
-def _like(x, a):
-    """``a`` is None, or C-contiguous of x's shape."""
-
-
-@overload(_like)
-def _like_typed(x, a):
-    if isinstance(a, types.NoneType):
-        return lambda x, a: True
-    if a.layout != "C" or a.ndim != x.ndim:
-        return lambda x, a: False
-    return lambda x, a: a.shape == x.shape
-
+# -- softmax, relu, gelu: where the result goes ------------------------------------------
 
 def _into(src, out):
     """The array a loop writes: ``out``, or ``src`` itself when ``out`` is None (in place: a
@@ -173,41 +153,12 @@ def _into_typed(src, out):
     return lambda src, out: out
 
 
-def _rows(a):
-    """C-contiguous ``a`` as ``[rows, a.shape[-1]]`` (a view); None stays None."""
-
-
-@overload(_rows)
-def _rows_typed(a):
-    if isinstance(a, types.NoneType):
-        return lambda a: None
-    if a.layout != "C":  # never run (the loops check _usable / _like first), only typed
-        return lambda a: np.empty((0, 1), a.dtype)
-    return lambda a: a.reshape(a.size // a.shape[-1], a.shape[-1])
-
-
-def _flat(a):
-    """C-contiguous ``a`` as one dim (a view); None stays None."""
-
-
-@overload(_flat)
-def _flat_typed(a):
-    if isinstance(a, types.NoneType):
-        return lambda a: None
-    if a.layout != "C":  # never run, only typed (as in _rows)
-        return lambda a: np.empty(0, a.dtype)
-    return lambda a: a.reshape(a.size)
-
-
 # -- softmax --------------------------------------------------------------------------------
 
 @njit(**_JIT)
 def softmax(x, out):
-    """``exp(x - max) / sum(exp(x - max))`` over the last axis."""
-    if not (_usable(x) and _like(x, out)):
-        return False
-    x = _rows(x)
-    dst = _into(x, _rows(out))
+    """``exp(x - max) / sum(exp(x - max))`` per row."""
+    dst = _into(x, out)
     rows, n = x.shape
     for i in range(rows):
         m = x[i, 0]
@@ -221,16 +172,12 @@ def softmax(x, out):
         inv = x.dtype.type(1.0) / s
         for j in range(n):
             dst[i, j] *= inv
-    return True
 
 
 @njit(**_JIT)
 def softmax_grad(y, g, out):
-    """``y * (g - sum(g * y))`` over the last axis."""
-    if not (_usable(y) and _like(y, g) and _like(y, out)):
-        return False
-    y, g = _rows(y), _rows(g)
-    dst = _into(g, _rows(out))
+    """``y * (g - sum(g * y))`` per row."""
+    dst = _into(g, out)
     rows, n = y.shape
     for i in range(rows):
         d = y.dtype.type(0.0)
@@ -238,7 +185,6 @@ def softmax_grad(y, g, out):
             d += g[i, j] * y[i, j]
         for j in range(n):
             dst[i, j] = y[i, j] * (g[i, j] - d)
-    return True
 
 
 # -- layer_norm -----------------------------------------------------------------------------
@@ -299,29 +245,21 @@ def layer_norm_grad(x, w, mean, rstd, dout, dx, dw, db):
 @njit(**_JIT)
 def relu(x, out):
     """x where not ``x < 0``, else 0 (NaN stays NaN)."""
-    if not (_usable(x) and _like(x, out)):
-        return False
-    x = _flat(x)
-    dst = _into(x, _flat(out))
+    dst = _into(x, out)
     zero = x.dtype.type(0.0)
     for i in range(x.size):
         v = x[i]
         dst[i] = zero if v < zero else v
-    return True
 
 
 @njit(**_JIT)
 def relu_grad(y, g, out):
     """``g * (y > 0)``."""
-    if not (_usable(y) and _like(y, g) and _like(y, out)):
-        return False
-    y, g = _flat(y), _flat(g)
-    dst = _into(g, _flat(out))
+    dst = _into(g, out)
     zero = y.dtype.type(0.0)
     one = y.dtype.type(1.0)
     for i in range(y.size):
         dst[i] = g[i] * (one if y[i] > zero else zero)
-    return True
 
 
 _TANH_C = math.sqrt(2.0 / math.pi)
@@ -334,14 +272,10 @@ def gelu_tanh(x, out):
     one = x.dtype.type(1.0)
     c2 = x.dtype.type(-2.0 * _TANH_C)
     ca2 = x.dtype.type(-2.0 * _TANH_C * _TANH_A)
-    if not (_usable(x) and _like(x, out)):
-        return False
-    x = _flat(x)
-    dst = _into(x, _flat(out))
+    dst = _into(x, out)
     for i in range(x.size):
         v = x[i]
         dst[i] = v / (one + _exp(v * (c2 + ca2 * v * v)))
-    return True
 
 
 @njit(**_JIT)
@@ -352,12 +286,8 @@ def gelu_tanh_grad(x, g, out):
     ca2 = x.dtype.type(-2.0 * _TANH_C * _TANH_A)
     k = x.dtype.type(2.0 * _TANH_C)
     k3 = x.dtype.type(2.0 * _TANH_C * 3.0 * _TANH_A)
-    if not (_usable(x) and _like(x, g) and _like(x, out)):
-        return False
-    x, g = _flat(x), _flat(g)
-    dst = _into(g, _flat(out))
+    dst = _into(g, out)
     for i in range(x.size):
         v = x[i]
         s = one / (one + _exp(v * (c2 + ca2 * v * v)))
         dst[i] = g[i] * (s + v * s * (one - s) * (k + k3 * v * v))
-    return True
