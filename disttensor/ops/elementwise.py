@@ -3,6 +3,7 @@ where, full_like. Rule: ``elementwise``. Kernels built on ufuncs accept ``out=``
 variants write straight into their target) and may reuse a dying input's buffer."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -291,6 +292,7 @@ def _float_dtype(dtypes, attrs) -> tuple:
 
 def _floating(kernel):
     """``kernel`` on x converted to float64 when x is not floating (see :func:`_float_dtype`)."""
+    @functools.wraps(kernel)
     def k(xp, x, *rest, **attrs):
         if x.dtype.kind != "f":
             x = x.astype(np.float64)
