@@ -122,7 +122,6 @@ def main() -> None:
                           "torch": None if torch is None else torch.__version__,
                           "torch_threads": None if torch is None else torch.get_num_threads(),
                           "target_over_torch": KERNEL_TARGET, "rounds": args.kernel_rounds,
-                          "note": "gelu_exact is not compiled (numpy kernel, scipy erf)",
                           "results": kernel_rows(args.kernel_rounds)}}, indent=2))
 
 

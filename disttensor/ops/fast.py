@@ -209,22 +209,29 @@ def relu_grad(numpy_kernel: Kernel) -> Kernel:
     return kernel
 
 
+def _gelu_loop(approximate, dtype) -> bool:
+    """GELU's compiled forms: the tanh approximation (float32/float64) and the exact one in
+    float32 (its erfc is fitted to float32 precision; float64 keeps numpy's kernel)."""
+    return bool(approximate) or dtype is _F32
+
+
 def gelu(numpy_kernel: Kernel) -> Kernel:
-    """``gelu(xp, x, approximate=False, out=None)``: compiled for the tanh approximation."""
+    """``gelu(xp, x, approximate=False, out=None)``."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, approximate=False, out=None):
-        if approximate and _fits(xp, x, out):
-            return _run1(_loops().gelu_tanh, x, out, -1)
+        if _fits(xp, x, out) and _gelu_loop(approximate, x.dtype):
+            loop = _loops().gelu_tanh if approximate else _loops().gelu_erf
+            return _run1(loop, x, out, -1)
         return numpy_kernel(xp, x, approximate=approximate, out=out)
     return kernel
 
 
 def gelu_grad(numpy_kernel: Kernel) -> Kernel:
-    """``gelu_grad(xp, x, dout, approximate=False, out=None)``: compiled for the tanh
-    approximation."""
+    """``gelu_grad(xp, x, dout, approximate=False, out=None)``."""
     @_compiled(numpy_kernel)
     def kernel(xp, x, dout, approximate=False, out=None):
-        if approximate and _fits(xp, x, dout, out):
-            return _run2(_loops().gelu_tanh_grad, x, dout, out, -1)
+        if _fits(xp, x, dout, out) and _gelu_loop(approximate, x.dtype):
+            loop = _loops().gelu_tanh_grad if approximate else _loops().gelu_erf_grad
+            return _run2(loop, x, dout, out, -1)
         return numpy_kernel(xp, x, dout, approximate=approximate, out=out)
     return kernel

@@ -1,9 +1,9 @@
 """The compiled kernels (disttensor.ops.fast, numba) and the numpy kernels they wrap against
 numpy oracles written here: values and gradients of softmax, layer_norm, relu (relu_ in place)
-and tanh gelu in float32 and float64 over several leading shapes, with ``out=`` fresh, the
-input itself and dout; the compiled loops must have run (counted); the cases a loop
-does not take (non-contiguous, another axis, float16, exact gelu) must give numpy's result from
-the fallback. The backend switch (``DISTTENSOR_KERNELS``) is checked in a subprocess whether or
+and gelu (tanh and exact) in float32 and float64 over several leading shapes, with ``out=`` fresh, the
+input itself and dout; the compiled loops must have run (counted); the cases a loop does
+not take (non-contiguous, another axis, float16, float64 exact gelu) must give numpy's result
+from the fallback. The backend switch (``DISTTENSOR_KERNELS``) is checked in a subprocess whether or
 not numba is installed; the compiled cases need numba."""
 from __future__ import annotations
 
@@ -47,6 +47,18 @@ def softmax_grad_ref(y, g):
 
 def gelu_ref(x):
     return 0.5 * x * (1.0 + np.tanh(C * (x + A * x ** 3)))
+
+
+def phi_ref(x):
+    return 0.5 * np.vectorize(math.erfc)(-x / math.sqrt(2.0))  # no 1 + erf cancellation
+
+
+def gelu_exact_ref(x):
+    return x * phi_ref(x)
+
+
+def gelu_exact_grad_ref(x, g):
+    return g * (phi_ref(x) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
 
 
 def gelu_grad_ref(x, g):
@@ -105,7 +117,7 @@ def ran(monkeypatch):
         return calls
     from disttensor.ops import numba_loops
     for name in ("softmax", "softmax_grad", "relu", "relu_grad", "gelu_tanh", "gelu_tanh_grad",
-                 "layer_norm", "layer_norm_grad"):
+                 "gelu_erf", "gelu_erf_grad", "layer_norm", "layer_norm_grad"):
         loop = getattr(numba_loops, name)
         monkeypatch.setattr(numba_loops, name,
                             lambda *a, _loop=loop, _name=name: (calls.append(_name), _loop(*a)))
@@ -206,23 +218,29 @@ def test_relu_and_grad(shape, dtype, kern, ran):
     assert ran == loops_ran(kern, ["relu"] * 2 + ["relu_grad"] * 2)
 
 
+@pytest.mark.parametrize("approximate", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gelu_tanh_and_grad(shape, dtype, kern, ran):
+def test_gelu_and_grad(shape, dtype, approximate, kern, ran):
     x, g = data(shape, dtype, 5, 4.0), data(shape, dtype, 6)
-    x.reshape(-1)[:3] = [-30.0, 30.0, 0.0][:x.size]
+    x.reshape(-1)[:3] = [-12.0, 30.0, 0.0][:x.size]
     kernel, grad = kern("gelu"), kern("gelu_grad")
     x64 = x.astype(np.float64)
-    check(kernel(np, x, approximate=True), gelu_ref(x64), dtype, 10.0)
+    ref, grad_ref = (gelu_ref, gelu_grad_ref) if approximate else \
+        (gelu_exact_ref, gelu_exact_grad_ref)
+    check(kernel(np, x, approximate=approximate), ref(x64), dtype, 10.0)
     buf = x.copy()
-    assert kernel(np, buf, approximate=True, out=buf) is buf
-    check(buf, gelu_ref(x64), dtype, 10.0)
-    want = gelu_grad_ref(x64, g.astype(np.float64))
-    check(grad(np, x, g, approximate=True), want, dtype, 10.0)
+    assert kernel(np, buf, approximate=approximate, out=buf) is buf
+    check(buf, ref(x64), dtype, 10.0)
+    want = grad_ref(x64, g.astype(np.float64))
+    check(grad(np, x, g, approximate=approximate), want, dtype, 10.0)
     g2 = g.copy()
-    assert grad(np, x, g2, approximate=True, out=g2) is g2
+    assert grad(np, x, g2, approximate=approximate, out=g2) is g2
     check(g2, want, dtype, 10.0)
-    assert ran == loops_ran(kern, ["gelu_tanh"] * 2 + ["gelu_tanh_grad"] * 2)
+    # compiled: tanh in both dtypes, exact in float32 (float64 keeps numpy's kernel)
+    loop = "gelu_tanh" if approximate else "gelu_erf"
+    compiled = approximate or dtype == np.float32
+    assert ran == loops_ran(kern, [loop] * 2 + [f"{loop}_grad"] * 2 if compiled else [])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -299,9 +317,9 @@ def test_cases_the_loops_do_not_take_fall_back_to_numpy(ran):
     np.testing.assert_array_equal(OPS["relu"].kernel(np, strided), np.maximum(strided, 0))
     half = x.astype(np.float16)
     assert OPS["relu"].kernel(np, half).dtype == np.float16
-    exact = OPS["gelu"].kernel(np, x.astype(np.float64), approximate=False)
-    phi = 0.5 * (1.0 + np.vectorize(math.erf)(x.astype(np.float64) / math.sqrt(2.0)))
-    np.testing.assert_allclose(exact, x * phi, rtol=1e-12, atol=1e-14)
+    exact = OPS["gelu"].kernel(np, x.astype(np.float64), approximate=False)  # float64: numpy
+    np.testing.assert_allclose(exact, gelu_exact_ref(x.astype(np.float64)), rtol=1e-12,
+                               atol=1e-14)
     with np.errstate(divide="ignore"):  # numpy's kernel on rows of no elements
         assert OPS["softmax"].kernel(np, np.zeros((3, 0), np.float32), axis=1).shape == (3, 0)
     assert ran == []
