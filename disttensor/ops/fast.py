@@ -7,12 +7,12 @@ ImportError without it) or ``numpy``. :data:`BACKEND` says which was chosen.
 
 Each factory here takes an op's numpy kernel and returns the kernel to register: with numba,
 one of the same signature that runs the compiled loop when the call fits it — numpy arrays
-(not cupy) of one float dtype (float32 or float64), C-contiguous, non-empty, reducing over the
-last axis (softmax) or trailing axes (layer_norm) — and calls the numpy kernel otherwise (its
-``__wrapped__``). Results equal the numpy kernels' within rounding (tests/core/test_fast_kernels).
+(not cupy) of one float dtype (float32 or float64), C-contiguous, non-empty, of one shape,
+reducing over the last axis (softmax) or trailing axes (layer_norm), exact gelu in float32 only
+— and calls the numpy kernel otherwise (its ``__wrapped__``). Results equal the numpy kernels' within rounding (tests/core/test_fast_kernels).
 The loops are single-threaded, like ranks run (``OMP_NUM_THREADS=1``). ``import numba`` (about
-a second) waits for the first compiled call; each loop compiles once per dtype into numba's
-on-disk cache (``cache=True``), so later processes load it.
+a second) waits for the first compiled call; each loop compiles once per dtype (and in-place
+form) into numba's on-disk cache (``cache=True``), so later processes load it.
 """
 from __future__ import annotations
 

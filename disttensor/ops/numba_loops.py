@@ -1,12 +1,12 @@
 """Compiled loops (numba) behind :mod:`disttensor.ops.fast`: softmax, layer_norm, relu and gelu
-and their gradients, each one pass over a row that stays in cache (or one elementwise pass).
+and their gradients, each a few passes over rows that stay in cache (or one elementwise pass).
 
 The loops take non-empty C-contiguous arrays of one dtype, float32 or float64: softmax and
 layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu and gelu flat
 ones. softmax, relu, gelu and their gradients write ``out``, or their last input when ``out`` is
 None (relu_ writes x, a gradient may overwrite dout); an ``out`` must not overlap the inputs.
-Loops are single-threaded (ranks run
-one thread each) and compiled once per dtype, cached on disk (``cache=True``).
+Loops are single-threaded (ranks run one thread each) and compiled once per dtype and form
+(``out`` given or None), cached on disk (``cache=True``).
 
 Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a
 Taylor polynomial, the power of two built from its exponent bits) so that loops calling it
@@ -94,13 +94,8 @@ def _exp32(x):
     k = np.floor(xc * _L2E32 + np.float32(0.5))
     r = (xc - k * _LN2H32) - k * _LN2L32
     p = _P32[7]
-    p = p * r + _P32[6]
-    p = p * r + _P32[5]
-    p = p * r + _P32[4]
-    p = p * r + _P32[3]
-    p = p * r + _P32[2]
-    p = p * r + _P32[1]
-    p = p * r + _P32[0]
+    for i in range(6, -1, -1):  # constant trip count: unrolled
+        p = p * r + _P32[i]
     # 2**(k-1) from its exponent bits (numba widens int32 arithmetic: narrow it back)
     res = p * _float_from_bits(np.int32((np.int32(k) + 126) << 23)) * np.float32(2)
     res = np.float32(np.inf) if x > _HI32 else res
@@ -124,7 +119,7 @@ def _exp64(x):
 
 
 def _exp(x):
-    """``exp(x)`` in x's dtype within about one unit in the last place (results below the
+    """``exp(x)`` in x's dtype within 2 units in the last place (results below twice the
     smallest normal number are 0); vectorizes in a loop."""
     return math.exp(x)
 
