@@ -102,12 +102,19 @@ def _compiled(numpy_kernel: Kernel):
     return deco
 
 
+def _same_buffer(out, a) -> bool:
+    """``out`` another array over ``a``'s very elements (a planned replay's reused block)."""
+    return (out is not None and np.may_share_memory(out, a)
+            and out.__array_interface__["data"][0] == a.__array_interface__["data"][0])
+
+
 def _run1(loop, x, out, shape) -> np.ndarray:
     """``loop(x, dest)`` on the arrays reshaped to ``shape``: ``dest`` None when ``out`` is x
-    (the loop's in-place form), else ``out`` (fresh when None); returns the result."""
-    if out is x:
+    or x's buffer (the loop's in-place form, which vectorizes where two names for one buffer
+    would not), else ``out`` (fresh when None); returns the result."""
+    if out is x or _same_buffer(out, x):
         loop(x.reshape(shape), None)
-        return x
+        return out
     if out is None:
         out = np.empty_like(x)
     loop(x.reshape(shape), out.reshape(shape))
@@ -116,9 +123,9 @@ def _run1(loop, x, out, shape) -> np.ndarray:
 
 def _run2(loop, y, g, out, shape) -> np.ndarray:
     """``loop(y, g, dest)``, in place into g when ``out`` is g (as :func:`_run1`)."""
-    if out is g:
+    if out is g or _same_buffer(out, g):
         loop(y.reshape(shape), g.reshape(shape), None)
-        return g
+        return out
     if out is None:
         out = np.empty_like(y)
     loop(y.reshape(shape), g.reshape(shape), out.reshape(shape))
