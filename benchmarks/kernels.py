@@ -4,13 +4,16 @@
     python benchmarks/kernels.py [--rounds 7] [--quick]
 
 For gelu (tanh approximation, as train.py's GPT uses, and exact) and its gradient, layer_norm and
-softmax forward and backward at [64, 64] and [1024, 1024] float32, relu_ (in place), the fused
+softmax forward and backward at [64, 64] and [1024, 1024] float32, relu_ (in place) and its
+gradient, the fused
 AdamW update (4.2M parameters), and the batched linear (x [8, 32, d] @ w [d, 4d]: forward and
 weight gradient at d = 512 and 1024): the median time per call over ``rounds`` rounds (each round
 the mean of enough calls to take ~20 ms), rounds of the three interleaved. Prints JSON with, per
 clock (``cpu``: thread CPU time, what the targets are judged on; ``wall``), ``before_us``,
-``after_us``, ``torch_us`` and the ratios ``after_over_before`` and ``after_over_torch`` (the
-issue's target for the elementwise/normalization kernels: <= 1.3).
+``after_us`` (the registered kernel: compiled when numba is installed, see disttensor.ops.fast),
+``numpy_us`` (with compiled kernels: the numpy kernel they replace), ``torch_us`` and the ratios
+``after_over_before``, ``after_over_numpy`` and ``after_over_torch`` (the issue's target for the
+elementwise/normalization kernels: <= 1.3; benchmarks/ops.py reports those rows).
 
 Single-threaded: OMP/OpenBLAS/MKL threads and torch's intra-op threads are set to 1, so every
 column does the same work on one core.
@@ -18,6 +21,7 @@ column does the same work on one core.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -32,6 +36,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from disttensor.ops import fast  # noqa: E402
 from disttensor.schema import OPS  # noqa: E402
 
 try:  # optional: the PyTorch column
@@ -136,6 +141,8 @@ def _entry(t: dict) -> dict:
             e["after_over_before"] = round(tc["after"] / tc["before"], 3)
         if "torch" in tc:
             e["after_over_torch"] = round(tc["after"] / tc["torch"], 3)
+        if "numpy" in tc:
+            e["after_over_numpy"] = round(tc["after"] / tc["numpy"], 3)
         out[clock] = e
     return out
 
@@ -150,10 +157,11 @@ def _cases(shape, rng):
     b = rng.standard_normal(n).astype(np.float32)
     k = {name: OPS[name].kernel for name in ("gelu", "gelu_grad", "layer_norm",
                                               "layer_norm_grad", "softmax", "softmax_grad",
-                                              "relu")}
+                                              "relu", "relu_grad")}
     _, mean, rstd = k["layer_norm"](np, x, w, b, begin_norm_axis=1, epsilon=1e-5)
     y = k["softmax"](np, x, axis=1)
     relu_buf = x.copy()
+    relu_y = np.maximum(x, 0)  # relu's output, which its gradient reads
     cases = {
         "gelu_tanh": {"before": lambda: _before_gelu(x, True),
                       "after": lambda: k["gelu"](np, x, approximate=True)},
@@ -177,12 +185,31 @@ def _cases(shape, rng):
         # relu_: the result written into x itself (the inplace variant's out= call)
         "relu_": {"before": lambda: relu_buf.__setitem__(Ellipsis, np.maximum(relu_buf, 0)),
                   "after": lambda: k["relu"](np, relu_buf, out=relu_buf)},
+        "relu_grad": {"before": lambda: g * (relu_y > 0),
+                      "after": lambda: k["relu_grad"](np, relu_y, g)},
     }
+    # with compiled kernels (disttensor.ops.fast): the numpy kernels they replace, as "numpy"
+    if fast.BACKEND == "numba":
+        numpy_k = {name: inspect.unwrap(f) for name, f in k.items()}
+        cases["layer_norm"]["numpy"] = lambda: numpy_k["layer_norm"](
+            np, x, w, b, begin_norm_axis=1, epsilon=1e-5)
+        cases["layer_norm_grad"]["numpy"] = lambda: numpy_k["layer_norm_grad"](
+            np, x, w, mean, rstd, g, begin_norm_axis=1, epsilon=1e-5)
+        cases["softmax"]["numpy"] = lambda: numpy_k["softmax"](np, x, axis=1)
+        cases["softmax_grad"]["numpy"] = lambda: numpy_k["softmax_grad"](np, y, g, axis=1)
+        cases["relu_"]["numpy"] = lambda: numpy_k["relu"](np, relu_buf, out=relu_buf)
+        cases["relu_grad"]["numpy"] = lambda: numpy_k["relu_grad"](np, relu_y, g)
+        for name in ("gelu_tanh", "gelu_exact"):
+            approx = name == "gelu_tanh"
+            cases[name]["numpy"] = lambda a=approx: numpy_k["gelu"](np, x, approximate=a)
+            cases[f"{name}_grad"]["numpy"] = lambda a=approx: numpy_k["gelu_grad"](
+                np, x, g, approximate=a)
     if torch is not None:
         tx, tg, tw, tb = (torch.from_numpy(a) for a in (x, g, w, b))
         _, tmean, trstd = torch.ops.aten.native_layer_norm(tx, (n,), tw, tb, 1e-5)
         ty = torch.softmax(tx, -1)
         trelu = tx.clone()
+        trelu_y = torch.from_numpy(relu_y)
         fn = torch.nn.functional
         torch_fns = {
             "gelu_tanh": lambda: fn.gelu(tx, approximate="tanh"),
@@ -196,6 +223,7 @@ def _cases(shape, rng):
             "softmax_grad": lambda: torch.ops.aten._softmax_backward_data(
                 tg, ty, -1, torch.float32),
             "relu_": lambda: trelu.relu_(),
+            "relu_grad": lambda: torch.ops.aten.threshold_backward(tg, trelu_y, 0.0),
         }
         for name, f in torch_fns.items():
             cases[name]["torch"] = f
@@ -257,6 +285,7 @@ def main() -> None:
             results[name] = _entry(_time(fns, rounds))
     print(json.dumps({
         "benchmark": "kernels", "dtype": "float32", "threads": 1, "rounds": rounds,
+        "kernels": fast.BACKEND,
         "numpy": np.__version__, "torch": None if torch is None else torch.__version__,
         "note": None if torch is not None else "torch not installed: no torch column",
         "before": {"relu_": "np.maximum out of place, then copied into x (the issue's "

@@ -3,6 +3,7 @@ where, full_like. Rule: ``elementwise``. Kernels built on ufuncs accept ``out=``
 variants write straight into their target) and may reuse a dying input's buffer."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..dtype import to_np_dtype
 from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
                       same_dtype, ufunc_dtype)
 from ..tensor import Tensor
+from . import fast
 from .common import as_tensor, grad_op_backward, sum_to_shape
 
 # -- binary arithmetic -------------------------------------------------------------------------
@@ -290,6 +292,7 @@ def _float_dtype(dtypes, attrs) -> tuple:
 
 def _floating(kernel):
     """``kernel`` on x converted to float64 when x is not floating (see :func:`_float_dtype`)."""
+    @functools.wraps(kernel)
     def k(xp, x, *rest, **attrs):
         if x.dtype.kind != "f":
             x = x.astype(np.float64)
@@ -310,11 +313,13 @@ _unary("rsqrt", _floating(_rsqrt), _times_g(lambda xp, out: -0.5 * out * out * o
        dtype=_FLOAT)
 _unary("tanh", _floating(_ufunc1(np.tanh)), _times_g(_tanh_derivative), dtype=_FLOAT)
 _unary("sigmoid", _floating(_sigmoid), _times_g(_sigmoid_derivative), dtype=_FLOAT)
-_unary("relu", _relu, _times_g(lambda xp, out: out > 0), inplace=True)
+_unary("relu", fast.relu(_relu), fast.relu_grad(_times_g(lambda xp, out: out > 0)),
+       inplace=True)
 _unary("silu", _floating(_silu), _silu_grad, save="x", dtype=_FLOAT)
-register("gelu_grad", _gelu_grad, rule="elementwise", reuse=(1,), accepts_out=True)
-register("gelu", _floating(_gelu), backward=grad_op_backward("gelu_grad"), rule="elementwise",
-         save_inputs=(0,), reuse=(0,), dtype=_FLOAT, accepts_out=True, recompute=True)
+register("gelu_grad", fast.gelu_grad(_gelu_grad), rule="elementwise", reuse=(1,), accepts_out=True)
+register("gelu", _floating(fast.gelu(_gelu)), backward=grad_op_backward("gelu_grad"),
+         rule="elementwise", save_inputs=(0,), reuse=(0,), dtype=_FLOAT, accepts_out=True,
+         recompute=True)
 
 
 # -- scale, cast, clip, where ------------------------------------------------------------------

@@ -1,0 +1,244 @@
+"""Compiled kernels for softmax, layer_norm, relu (relu_ included) and gelu and their gradients,
+chosen once at import: the numba loops of :mod:`.numba_loops` when numba is installed
+(``pip install "disttensor[fast]"``), else the numpy kernels.
+
+``DISTTENSOR_KERNELS`` picks: ``auto`` (the default: numba when importable), ``numba`` (an
+ImportError without it) or ``numpy``. :data:`BACKEND` says which was chosen.
+
+Each factory here takes an op's numpy kernel and returns the kernel to register: with numba,
+one of the same signature that runs the compiled loop when the call fits it — numpy arrays
+(not cupy) of one float dtype (float32 or float64), C-contiguous, non-empty, of one shape,
+reducing over the last axis (softmax) or trailing axes (layer_norm), exact gelu in float32 only
+— and calls the numpy kernel otherwise (its ``__wrapped__``). Results equal the numpy kernels' within rounding (tests/core/test_fast_kernels).
+The loops are single-threaded, like ranks run (``OMP_NUM_THREADS=1``). ``import numba`` (about
+a second) waits for the first compiled call; each loop compiles once per dtype (and in-place
+form) into numba's on-disk cache (``cache=True``), so later processes load it.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["BACKEND", "softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "relu",
+           "relu_grad", "gelu", "gelu_grad"]
+
+Kernel = Callable[..., Any]
+
+
+def _choose() -> str:
+    want = os.environ.get("DISTTENSOR_KERNELS", "auto").strip().lower() or "auto"
+    if want not in ("auto", "numba", "numpy"):
+        raise ValueError(f"DISTTENSOR_KERNELS must be 'auto', 'numba' or 'numpy', got {want!r}")
+    if want == "numpy":
+        return "numpy"
+    if importlib.util.find_spec("numba") is None:
+        if want == "numba":
+            raise ImportError("DISTTENSOR_KERNELS=numba, but numba is not installed: "
+                              "pip install 'disttensor[fast]'")
+        return "numpy"
+    return "numba"
+
+
+#: "numba" or "numpy": the kernels this process registered
+BACKEND: str = _choose()
+
+
+@functools.cache
+def _loops():
+    from . import numba_loops
+    return numba_loops
+
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _floats(xp, x, *others) -> bool:
+    """numpy arrays of one dtype, float32 or float64, C-contiguous, x non-empty (None among
+    ``others`` skipped)."""
+    if xp is not np or type(x) is not np.ndarray or not x.size or not x.flags.c_contiguous:
+        return False
+    d = x.dtype
+    if d is not _F32 and d is not _F64:
+        return False
+    for a in others:
+        if a is not None and (type(a) is not np.ndarray or a.dtype is not d
+                              or not a.flags.c_contiguous):
+            return False
+    return True
+
+
+def _fits(xp, x, a, b=None) -> bool:
+    """:func:`_floats` for an elementwise call: ``a`` and ``b`` (None or arrays) also of x's
+    shape. The check every call of the elementwise kernels pays, so written out."""
+    if xp is not np or type(x) is not np.ndarray or not x.flags.c_contiguous or not x.size:
+        return False
+    d = x.dtype
+    if d is not _F32 and d is not _F64:
+        return False
+    if a is not None and a is not x and (type(a) is not np.ndarray or a.dtype is not d
+                                         or a.shape != x.shape or not a.flags.c_contiguous):
+        return False
+    return b is None or (type(b) is np.ndarray and b.dtype is d and b.shape == x.shape
+                         and b.flags.c_contiguous)
+
+
+def _rows(a: np.ndarray, lead: int) -> np.ndarray:
+    """``a`` as ``[rows, n]``: the axes from ``lead`` on flattened into n."""
+    return a.reshape(-1, math.prod(a.shape[lead:]))
+
+
+
+
+def _compiled(numpy_kernel: Kernel):
+    """Decorator: the decorated kernel when numba was chosen (``__wrapped__`` = the numpy
+    kernel), else ``numpy_kernel`` itself."""
+    def deco(kernel: Kernel) -> Kernel:
+        return functools.wraps(numpy_kernel)(kernel) if BACKEND == "numba" else numpy_kernel
+    return deco
+
+
+def _same_buffer(out, a) -> bool:
+    """``out`` another array over ``a``'s very elements (a planned replay's reused block)."""
+    return (out is not None and np.may_share_memory(out, a)
+            and out.__array_interface__["data"][0] == a.__array_interface__["data"][0])
+
+
+def _run1(loop, x, out, shape) -> np.ndarray:
+    """``loop(x, dest)`` on the arrays reshaped to ``shape``: ``dest`` None when ``out`` is x
+    or x's buffer (the loop's in-place form, which vectorizes where two names for one buffer
+    would not), else ``out`` (fresh when None); returns the result."""
+    if out is x or _same_buffer(out, x):
+        loop(x.reshape(shape), None)
+        return out
+    if out is None:
+        out = np.empty_like(x)
+    loop(x.reshape(shape), out.reshape(shape))
+    return out
+
+
+def _run2(loop, y, g, out, shape) -> np.ndarray:
+    """``loop(y, g, dest)``, in place into g when ``out`` is g (as :func:`_run1`)."""
+    if out is g or _same_buffer(out, g):
+        loop(y.reshape(shape), g.reshape(shape), None)
+        return out
+    if out is None:
+        out = np.empty_like(y)
+    loop(y.reshape(shape), g.reshape(shape), out.reshape(shape))
+    return out
+
+
+def softmax(numpy_kernel: Kernel) -> Kernel:
+    """``softmax(xp, x, axis, out=None)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, axis, out=None):
+        if axis == x.ndim - 1 and _fits(xp, x, out):
+            return _run1(_loops().softmax, x, out, (-1, x.shape[-1]))
+        return numpy_kernel(xp, x, axis, out=out)
+    return kernel
+
+
+def softmax_grad(numpy_kernel: Kernel) -> Kernel:
+    """``softmax_grad(xp, y, dout, axis, out=None)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, y, dout, axis, out=None):
+        if axis == y.ndim - 1 and _fits(xp, y, dout, out):
+            return _run2(_loops().softmax_grad, y, dout, out, (-1, y.shape[-1]))
+        return numpy_kernel(xp, y, dout, axis, out=out)
+    return kernel
+
+
+def _params(x, weight, bias, n: int):
+    """(w, b) as length-n arrays; ones and zeros for the absent ones."""
+    w = np.ones(n, x.dtype) if weight is None else weight.reshape(n)
+    b = np.zeros(n, x.dtype) if bias is None else bias.reshape(n)
+    return w, b
+
+
+def layer_norm(numpy_kernel: Kernel) -> Kernel:
+    """``layer_norm(xp, x, weight, bias, begin_norm_axis, epsilon) -> (out, mean, rstd)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, weight, bias, begin_norm_axis, epsilon):
+        if not _floats(xp, x, weight, bias):
+            return numpy_kernel(xp, x, weight, bias, begin_norm_axis, epsilon)
+        x2 = _rows(x, begin_norm_axis)
+        w, b = _params(x, weight, bias, x2.shape[1])
+        out = np.empty_like(x)
+        mean = np.empty(x.shape[:begin_norm_axis], x.dtype)
+        rstd = np.empty_like(mean)
+        _loops().layer_norm(x2, w, b, float(epsilon), _rows(out, begin_norm_axis),
+                            mean.reshape(-1), rstd.reshape(-1))
+        return out, mean, rstd
+    return kernel
+
+
+def layer_norm_grad(numpy_kernel: Kernel) -> Kernel:
+    """``layer_norm_grad(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon) ->
+    (dx, dweight, dbias)``; dweight/dbias shaped like weight (else ``x.shape[b:]``)."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon):
+        if not (_floats(xp, x, weight, mean, rstd, dout) and dout.shape == x.shape):
+            return numpy_kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon)
+        x2 = _rows(x, begin_norm_axis)
+        n = x2.shape[1]
+        w, _ = _params(x, weight, None, n)
+        dx = np.empty_like(x)
+        dw = np.empty(x.shape[begin_norm_axis:] if weight is None else weight.shape, x.dtype)
+        db = np.empty_like(dw)
+        _loops().layer_norm_grad(x2, w, mean.reshape(-1), rstd.reshape(-1),
+                                 _rows(dout, begin_norm_axis), _rows(dx, begin_norm_axis),
+                                 dw.reshape(n), db.reshape(n))
+        return dx, dw, db
+    return kernel
+
+
+def relu(numpy_kernel: Kernel) -> Kernel:
+    """``relu(xp, x, out=None)``; ``out`` may be x (``relu_`` writes x directly)."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, out=None):
+        if _fits(xp, x, out):
+            return _run1(_loops().relu, x, out, -1)
+        return numpy_kernel(xp, x, out=out)
+    return kernel
+
+
+def relu_grad(numpy_kernel: Kernel) -> Kernel:
+    """``relu_grad(xp, out, dout, out=None)``: dout where the forward's output is > 0."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, y, dout, out=None):
+        if _fits(xp, y, dout, out):
+            return _run2(_loops().relu_grad, y, dout, out, -1)
+        return numpy_kernel(xp, y, dout, out=out)
+    return kernel
+
+
+def _gelu_loop(approximate, dtype) -> bool:
+    """GELU's compiled forms: the tanh approximation (float32/float64) and the exact one in
+    float32 (its erfc is fitted to float32 precision; float64 keeps numpy's kernel)."""
+    return bool(approximate) or dtype is _F32
+
+
+def gelu(numpy_kernel: Kernel) -> Kernel:
+    """``gelu(xp, x, approximate=False, out=None)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, approximate=False, out=None):
+        if _fits(xp, x, out) and _gelu_loop(approximate, x.dtype):
+            loop = _loops().gelu_tanh if approximate else _loops().gelu_erf
+            return _run1(loop, x, out, -1)
+        return numpy_kernel(xp, x, approximate=approximate, out=out)
+    return kernel
+
+
+def gelu_grad(numpy_kernel: Kernel) -> Kernel:
+    """``gelu_grad(xp, x, dout, approximate=False, out=None)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, dout, approximate=False, out=None):
+        if _fits(xp, x, dout, out) and _gelu_loop(approximate, x.dtype):
+            loop = _loops().gelu_tanh_grad if approximate else _loops().gelu_erf_grad
+            return _run2(loop, x, dout, out, -1)
+        return numpy_kernel(xp, x, dout, approximate=approximate, out=out)
+    return kernel

@@ -1,0 +1,331 @@
+"""The compiled kernels (disttensor.ops.fast, numba) and the numpy kernels they wrap against
+numpy oracles written here: values and gradients of softmax, layer_norm, relu (relu_ in place)
+and gelu (tanh and exact) in float32 and float64 over several leading shapes, with ``out=`` fresh, the
+input itself and dout; the compiled loops must have run (counted); the cases a loop does
+not take (non-contiguous, another axis, float16, float64 exact gelu) must give numpy's result
+from the fallback. The backend switch (``DISTTENSOR_KERNELS``) is checked in a subprocess whether or
+not numba is installed; the compiled cases need numba."""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from disttensor.ops import fast
+from disttensor.schema import OPS
+
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed (extra 'fast')")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+C, A = math.sqrt(2.0 / math.pi), 0.044715
+SHAPES = [(5,), (3, 7), (2, 3, 33), (64, 64)]
+DTYPES = [np.float32, np.float64]
+
+
+def tol(dtype, scale=1.0):
+    return dict(rtol=3e-5, atol=3e-6 * scale) if dtype == np.float32 else \
+        dict(rtol=1e-12, atol=1e-13 * scale)
+
+
+# -- numpy oracles (float64) --------------------------------------------------------------------
+
+def softmax_ref(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_grad_ref(y, g):
+    return y * (g - (g * y).sum(axis=-1, keepdims=True))
+
+
+def gelu_ref(x):
+    return 0.5 * x * (1.0 + np.tanh(C * (x + A * x ** 3)))
+
+
+def phi_ref(x):
+    return 0.5 * np.vectorize(math.erfc)(-x / math.sqrt(2.0))  # no 1 + erf cancellation
+
+
+def gelu_exact_ref(x):
+    return x * phi_ref(x)
+
+
+def gelu_exact_grad_ref(x, g):
+    return g * (phi_ref(x) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
+
+
+def gelu_grad_ref(x, g):
+    t = np.tanh(C * (x + A * x ** 3))
+    return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * A * x * x))
+
+
+def layer_norm_ref(x, w, b, k, eps=1e-5):
+    axes = tuple(range(x.ndim - k, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + eps)
+    out = (x - mean) * rstd * (1.0 if w is None else w) + (0.0 if b is None else b)
+    lead = x.shape[:x.ndim - k]
+    return out, mean.reshape(lead), rstd.reshape(lead)
+
+
+def layer_norm_grad_ref(x, w, dout, k, eps=1e-5):
+    axes = tuple(range(x.ndim - k, x.ndim))
+    _, mean, rstd = layer_norm_ref(x, None, None, k, eps)
+    mean = mean.reshape(mean.shape + (1,) * k)
+    rstd = rstd.reshape(mean.shape)
+    xhat = (x - mean) * rstd
+    dxhat = dout * (1.0 if w is None else w)
+    dx = rstd * (dxhat - dxhat.mean(axis=axes, keepdims=True)
+                 - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True))
+    lead = tuple(range(x.ndim - k))
+    return dx, (dout * xhat).sum(axis=lead), dout.sum(axis=lead)
+
+
+def data(shape, dtype, seed=0, scale=3.0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kern(request):
+    """``kern(name)``: op ``name``'s registered kernel (compiled: needs numba) or the numpy
+    kernel it wraps."""
+    if request.param == "compiled" and not HAVE_NUMBA:
+        pytest.skip("numba not installed (extra 'fast')")
+    if request.param == "compiled":
+        return lambda name: OPS[name].kernel
+    return lambda name: inspect.unwrap(OPS[name].kernel)
+
+
+def loops_ran(kern, names):
+    """The loops a test of ``kern``'s kind must have run."""
+    return names if kern("relu") is OPS["relu"].kernel and fast.BACKEND == "numba" else []
+
+
+@pytest.fixture
+def ran(monkeypatch):
+    """The names of the compiled loops called since the test began."""
+    calls = []
+    if not HAVE_NUMBA:
+        return calls
+    from disttensor.ops import numba_loops
+    for name in ("softmax", "softmax_grad", "relu", "relu_grad", "gelu_tanh", "gelu_tanh_grad",
+                 "gelu_erf", "gelu_erf_grad", "layer_norm", "layer_norm_grad"):
+        loop = getattr(numba_loops, name)
+        monkeypatch.setattr(numba_loops, name,
+                            lambda *a, _loop=loop, _name=name: (calls.append(_name), _loop(*a)))
+    return calls
+
+
+def check(got, want, dtype, scale=1.0):
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.astype(np.float64), want, **tol(dtype, scale))
+
+
+# -- the backend switch ---------------------------------------------------------------------------
+
+def _backend_in_subprocess(value: str) -> subprocess.CompletedProcess:
+    code = ("from disttensor.ops import fast; from disttensor.schema import OPS; "
+            "print(fast.BACKEND, hasattr(OPS['softmax'].kernel, '__wrapped__'))")
+    env = dict(os.environ, DISTTENSOR_KERNELS=value, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_backend_switch_numpy_registers_the_numpy_kernels():
+    r = _backend_in_subprocess("numpy")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["numpy", "False"]
+
+
+def test_backend_switch_auto_and_numba():
+    auto = _backend_in_subprocess("auto")
+    assert auto.returncode == 0, auto.stderr
+    assert auto.stdout.split() == (["numba", "True"] if HAVE_NUMBA else ["numpy", "False"])
+    forced = _backend_in_subprocess("numba")
+    if HAVE_NUMBA:
+        assert forced.stdout.split() == ["numba", "True"], forced.stderr
+    else:
+        assert forced.returncode != 0
+        assert "DISTTENSOR_KERNELS=numba, but numba is not installed" in forced.stderr
+
+
+def test_backend_switch_rejects_unknown_values():
+    r = _backend_in_subprocess("fortran")
+    assert r.returncode != 0
+    assert "DISTTENSOR_KERNELS must be 'auto', 'numba' or 'numpy', got 'fortran'" in r.stderr
+
+
+# -- values and gradients (numba) ----------------------------------------------------------------
+
+
+@needs_numba
+def test_the_registered_kernels_are_the_compiled_ones():
+    assert fast.BACKEND == "numba"
+    for name in ("softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "relu", "relu_grad",
+                 "gelu_grad"):
+        assert hasattr(OPS[name].kernel, "__wrapped__"), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_softmax_and_grad(shape, dtype, kern, ran):
+    x, g = data(shape, dtype, 1, 10.0), data(shape, dtype, 2)
+    x64 = x.astype(np.float64)
+    y = softmax_ref(x64)
+    kernel, grad = kern("softmax"), kern("softmax_grad")
+    axis = len(shape) - 1
+    check(kernel(np, x, axis=axis), y, dtype)
+    out = np.empty_like(x)
+    assert kernel(np, x, axis=axis, out=out) is out
+    check(out, y, dtype)
+    buf = x.copy()  # the memory planner's reuse: out is x
+    assert kernel(np, buf, axis=axis, out=buf) is buf
+    check(buf, y, dtype)
+    fresh = kernel(np, x, axis=axis)
+    buf = x.copy()  # or another array over x's buffer (a planned replay): the same bits
+    view = buf.reshape(buf.shape)
+    assert kernel(np, buf, axis=axis, out=view) is view
+    np.testing.assert_array_equal(view, fresh)
+    np.testing.assert_array_equal(out, fresh)
+    y_d = y.astype(dtype)
+    want = softmax_grad_ref(y_d.astype(np.float64), g.astype(np.float64))
+    check(grad(np, y_d, g, axis=axis), want, dtype, 10.0)
+    g2 = g.copy()
+    assert grad(np, y_d, g2, axis=axis, out=g2) is g2
+    check(g2, want, dtype, 10.0)
+    assert ran == loops_ran(kern, ["softmax"] * 5 + ["softmax_grad"] * 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_relu_and_grad(shape, dtype, kern, ran):
+    x, g = data(shape, dtype, 3), data(shape, dtype, 4)
+    x.reshape(-1)[0] = np.nan
+    kernel, grad = kern("relu"), kern("relu_grad")
+    want = np.where(x < 0, 0.0, x.astype(np.float64))  # NaN stays NaN
+    np.testing.assert_array_equal(kernel(np, x), want.astype(dtype))
+    buf = x.copy()
+    assert kernel(np, buf, out=buf) is buf  # relu_: written into x itself
+    np.testing.assert_array_equal(buf, want.astype(dtype))
+    y = np.nan_to_num(buf)
+    dwant = (g * (y > 0)).astype(dtype)
+    np.testing.assert_array_equal(grad(np, y, g), dwant)
+    g2 = g.copy()
+    assert grad(np, y, g2, out=g2) is g2
+    np.testing.assert_array_equal(g2, dwant)
+    assert ran == loops_ran(kern, ["relu"] * 2 + ["relu_grad"] * 2)
+
+
+@pytest.mark.parametrize("approximate", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gelu_and_grad(shape, dtype, approximate, kern, ran):
+    x, g = data(shape, dtype, 5, 4.0), data(shape, dtype, 6)
+    x.reshape(-1)[:3] = [-12.0, 30.0, 0.0][:x.size]
+    kernel, grad = kern("gelu"), kern("gelu_grad")
+    x64 = x.astype(np.float64)
+    ref, grad_ref = (gelu_ref, gelu_grad_ref) if approximate else \
+        (gelu_exact_ref, gelu_exact_grad_ref)
+    check(kernel(np, x, approximate=approximate), ref(x64), dtype, 10.0)
+    buf = x.copy()
+    assert kernel(np, buf, approximate=approximate, out=buf) is buf
+    check(buf, ref(x64), dtype, 10.0)
+    want = grad_ref(x64, g.astype(np.float64))
+    check(grad(np, x, g, approximate=approximate), want, dtype, 10.0)
+    g2 = g.copy()
+    assert grad(np, x, g2, approximate=approximate, out=g2) is g2
+    check(g2, want, dtype, 10.0)
+    # compiled: tanh in both dtypes, exact in float32 (float64 keeps numpy's kernel)
+    loop = "gelu_tanh" if approximate else "gelu_erf"
+    compiled = approximate or dtype == np.float32
+    assert ran == loops_ran(kern, [loop] * 2 + [f"{loop}_grad"] * 2 if compiled else [])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,k,affine", [((7,), 1, "wb"), ((4, 9), 1, "w"), ((4, 9), 1, ""),
+                                            ((2, 3, 33), 1, "b"), ((2, 3, 5), 2, "wb"),
+                                            ((64, 64), 1, "wb")])
+def test_layer_norm_and_grad(shape, k, affine, dtype, kern, ran):
+    x, dout = data(shape, dtype, 7, 2.0) + dtype(5.0), data(shape, dtype, 8)
+    tail = shape[len(shape) - k:]
+    w = data(tail, dtype, 9) if "w" in affine else None
+    b = data(tail, dtype, 10) if "b" in affine else None
+    f64 = (lambda a: None if a is None else a.astype(np.float64))
+    out, mean, rstd = kern("layer_norm")(np, x, w, b, begin_norm_axis=len(shape) - k,
+                                               epsilon=1e-5)
+    want, wmean, wrstd = layer_norm_ref(f64(x), f64(w), f64(b), k)
+    check(out, want, dtype, 10.0)
+    check(mean, wmean, dtype, 10.0)
+    check(rstd, wrstd, dtype)
+    dx, dw, db = kern("layer_norm_grad")(np, x, w, mean, rstd, dout,
+                                               begin_norm_axis=len(shape) - k, epsilon=1e-5)
+    wdx, wdw, wdb = layer_norm_grad_ref(f64(x), f64(w), f64(dout), k)
+    check(dx, wdx, dtype, 10.0)
+    assert dw.shape == db.shape == tail
+    check(dw, wdw, dtype, 100.0)
+    check(db, wdb, dtype, 100.0)
+    assert ran == loops_ran(kern, ["layer_norm", "layer_norm_grad"])
+
+
+@needs_numba
+def test_exp_is_accurate_over_the_normal_range():
+    """The loops' exp (vectorizable, not libm's) within 2 units in the last place of numpy's
+    float64 exp wherever the result is a normal number, inf above, 0 far below."""
+    from numba import njit
+    from disttensor.ops.numba_loops import _exp
+
+    @njit
+    def exp_all(a, out):
+        for i in range(a.size):
+            out[i] = _exp(a[i])
+
+    for dtype, lo, hi in ((np.float32, -86.6, 88.7), (np.float64, -707.7, 709.7)):
+        a = np.linspace(lo, hi, 400_001).astype(dtype)
+        got = np.empty_like(a)
+        exp_all(a, got)
+        want = np.exp(a.astype(np.float64))
+        rel = np.abs(got - want) / want
+        assert rel.max() < 2 * np.finfo(dtype).eps, (dtype, a[rel.argmax()], rel.max())
+        ends = np.array([-1e4, 1e4, np.inf, -np.inf, np.nan], dtype)
+        got = np.empty_like(ends)
+        exp_all(ends, got)
+        np.testing.assert_array_equal(got, [0.0, np.inf, np.inf, 0.0, np.nan])
+
+
+@needs_numba
+def test_softmax_special_values_match_numpy(ran):
+    x = np.array([[1.0, np.nan, 2.0], [0.0, -np.inf, 1.0], [1e4, 1e4, -1e4], [np.inf, 0.0, 1.0]],
+                 np.float32)
+    got = OPS["softmax"].kernel(np, x, axis=1)
+    with np.errstate(invalid="ignore"):
+        want = softmax_ref(x.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)  # NaN rows: NaN in both
+    assert ran == ["softmax"]
+
+
+@needs_numba
+def test_cases_the_loops_do_not_take_fall_back_to_numpy(ran):
+    x = data((6, 8), np.float32, 11)
+    strided = x[:, ::2]
+    np.testing.assert_array_equal(OPS["relu_grad"].kernel(np, x, x[:1]), x[:1] * (x > 0))
+    check(OPS["softmax"].kernel(np, strided, axis=1), softmax_ref(strided.astype(np.float64)),
+          np.float32)
+    check(OPS["softmax"].kernel(np, x, axis=0), softmax_ref(x.T.astype(np.float64)).T,
+          np.float32)
+    np.testing.assert_array_equal(OPS["relu"].kernel(np, strided), np.maximum(strided, 0))
+    half = x.astype(np.float16)
+    assert OPS["relu"].kernel(np, half).dtype == np.float16
+    exact = OPS["gelu"].kernel(np, x.astype(np.float64), approximate=False)  # float64: numpy
+    np.testing.assert_allclose(exact, gelu_exact_ref(x.astype(np.float64)), rtol=1e-12,
+                               atol=1e-14)
+    with np.errstate(divide="ignore"):  # numpy's kernel on rows of no elements
+        assert OPS["softmax"].kernel(np, np.zeros((3, 0), np.float32), axis=1).shape == (3, 0)
+    assert ran == []
