@@ -42,6 +42,17 @@ def parse_size(s: str) -> int:
     return int(s)
 
 
+def swap_with(comm, local: np.ndarray, peer: int) -> np.ndarray:
+    """The bare pairwise exchange: ``local`` sent to and received from ``peer`` by one MPI
+    Sendrecv (a copy when the peer is this rank)."""
+    out = np.empty_like(local)
+    if peer == comm.Get_rank():
+        out[...] = local
+    else:
+        comm.Sendrecv(local, peer, recvbuf=out, source=peer)
+    return out
+
+
 def interleaved(comm, fns: dict, rounds: int, inner: int) -> dict:
     """Median over ``rounds`` of the slowest rank's time per call of each fn, alternating fns
     inside every round (one warm-up call each first)."""
@@ -148,13 +159,7 @@ def _case(name, comm, mesh, mesh2, local, n, rank):
     peer = mesh2.rank_at((j, i))
 
     def sendrecv():
-        """Sendrecv"""
-        out = np.empty_like(local)
-        if peer == rank:
-            out[...] = local
-        else:
-            comm.Sendrecv(local, peer, recvbuf=out, source=peer)
-        return out
+        return swap_with(comm, local, peer)
 
     if name == "[S(0),R]->[R,S(0)]":
         return ours_of(mesh2, [S(0), R], [R, S(0)], (2 * rows, cols)), sendrecv

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import disttensor as dt  # noqa: E402
 from disttensor import ProcessMesh, Replicate, Shard  # noqa: E402
+from reshard import swap_with  # noqa: E402  (benchmarks/reshard.py, beside this script)
 
 
 def timed(comm, fn, repeats: int) -> float:
@@ -61,12 +62,7 @@ def main() -> None:
         plan = dt.reshard_plan(x, mesh, dst)
 
         def raw():
-            out = np.empty_like(local)
-            if peer == rank:
-                out[...] = local
-            else:
-                comm.Sendrecv(local, peer, recvbuf=out, source=peer)
-            return out
+            return swap_with(comm, local, peer)
 
         ours = timed(comm, lambda: dt.reshard(x, mesh, dst), args.repeats)
         old = timed(comm, lambda: dt.reshard(dt.reshard(x, mesh, rep), mesh, dst), args.repeats)
