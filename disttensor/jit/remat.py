@@ -103,6 +103,12 @@ class _Analysis:
             return False
         return self.prog.is_input(v) or self.last.get(v, -1) >= at
 
+    def side_output(self, v: int) -> bool:
+        """Whether forward value ``v`` is a non-differentiable side output of its op (a norm's
+        statistics)."""
+        op = self.prog.ops[self.pos[v]]
+        return op.outs.index(v) in OPS[op.name].nondiff_outputs
+
     def chain(self, v: int, at: int, depth: int) -> set[int] | None:
         """Positions of the forward ops that rebuild ``v`` at ``at``, or None."""
         k = self.pos.get(v)
@@ -155,7 +161,7 @@ class _Analysis:
             if not all(u is None or u in made or self.held(u, k, at)
                        for k in ops for u in prog.ops[k].ins):
                 continue
-            if all(_side_output(prog, v) for v in middles):
+            if all(self.side_output(v) for v in middles):
                 continue
             out.append((ops, middles))
         return out
@@ -165,12 +171,6 @@ def _cheap(op: "ProgramOp") -> bool:
     d = OPS[op.name]
     return (d.recompute or bool(d.view)) and not d.random and not op.collectives and \
         not op.scratch and not op.inplace and len(op.steps) == 1 and op.steps[0].kind == "kernel"
-
-
-def _side_output(prog: "Program", v: int) -> bool:
-    """Whether ``v`` is a non-differentiable side output of its op (a norm's statistics)."""
-    op = next(o for o in prog.ops if v in o.outs)
-    return op.outs.index(v) in OPS[op.name].nondiff_outputs
 
 
 def _clone_op(prog: "Program", op: "ProgramOp", copies: dict[int, int], index: int
