@@ -17,8 +17,9 @@ is the rank:
   which keeps it on Linux >= 6.15), notes whether the other ranks under the same parent were
   all still healthy, and records its time of death in the job directory (temp dir, keyed by
   the parent's pid and start time). After :data:`GRACE` s every watcher reads the records; the
-  rank that died first (preferring one whose peers were all healthy then: the process manager
-  kills the others only after it) is blamed by its own watcher, which claims the job and
+  rank that died first, among deaths other than by SIGKILL when there are any (the process
+  manager stops the others with SIGKILL) and preferring one whose peers were all healthy then
+  (the process manager kills the others only after it), is blamed by its own watcher, which claims the job and
   prints ``[disttensor] job aborted: rank K (pid P on host H) was killed by signal N (NAME);
   ranks [...] were stopped because of it``.
 
@@ -225,14 +226,15 @@ def _purge_stale(mine: str) -> None:
 
 
 def _read_records(d: str) -> list[tuple]:
-    """(time of death, rank, peers were healthy, watcher started late) of each record."""
+    """(time of death, rank, peers were healthy, watcher started late, not the process
+    manager's SIGKILL) of each record."""
     recs = []
     for name in os.listdir(d):
         if name.startswith("dead."):
             try:
                 with open(os.path.join(d, name)) as f:
-                    t, rank, healthy, late = f.read().split()
-                recs.append((float(t), int(rank), healthy == "1", late == "1"))
+                    t, rank, healthy, late, own = f.read().split()
+                recs.append((float(t), int(rank), healthy == "1", late == "1", own == "1"))
             except (OSError, ValueError):
                 pass
     return recs
@@ -268,6 +270,8 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
             break
     t = time.monotonic()
     kind, num = _exit_status(pid, pidfd)
+    # the process manager stops the other ranks with SIGKILL: any other known death is a cause
+    own = kind == "exit" or (kind == "signal" and num != 9)
     claim_path = os.path.join(d, "claim")
     if os.path.exists(claim_path):
         return
@@ -281,7 +285,7 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
         os.makedirs(d, exist_ok=True)
         tmp = os.path.join(d, f"tmp.{rank}")
         with open(tmp, "w") as f:
-            f.write(f"{t!r} {rank} {int(healthy_peers)} {int(late)}\n")
+            f.write(f"{t!r} {rank} {int(healthy_peers)} {int(late)} {int(own)}\n")
         os.rename(tmp, os.path.join(d, f"dead.{rank}"))
     except OSError:
         return
@@ -293,8 +297,10 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
     recs = _read_records(d)
     if os.path.exists(claim_path) or not recs or any(r[3] for r in recs):
         return
-    # the first to die: one whose peers were all healthy then, else the earliest record
-    first = min([r for r in recs if r[2]] or recs)
+    # the first to die among deaths not by SIGKILL (a segfault, an exit), if any: one whose
+    # peers were all healthy then, else the earliest record
+    causes = [r for r in recs if r[4]] or recs
+    first = min([r for r in causes if r[2]] or causes)
     if (first[1] != rank or not parent_alive or (kind == "exit" and num == 0)
             or (kind != "signal" and peer_exited)):
         return
