@@ -218,7 +218,7 @@ def relu_grad(numpy_kernel: Kernel) -> Kernel:
 
 def _gelu_loop(approximate, dtype) -> bool:
     """GELU's compiled forms: the tanh approximation (float32/float64) and the exact one in
-    float32 (its erfc is fitted to float32 precision; float64 keeps numpy's kernel)."""
+    float32 (its normal CDF is fitted to float32 precision; float64 keeps numpy's kernel)."""
     return bool(approximate) or dtype is _F32
 
 

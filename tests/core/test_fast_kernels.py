@@ -300,6 +300,50 @@ def test_exp_is_accurate_over_the_normal_range():
         np.testing.assert_array_equal(got, [0.0, np.inf, np.inf, 0.0, np.nan])
 
 
+@pytest.mark.skipif(fast.BACKEND != "numba", reason="compiled kernels not chosen")
+def test_exact_gelu_float32_is_within_a_few_eps_of_math_erfc(ran):
+    """The compiled exact GELU and its gradient in float32 on a dense grid, both tails included,
+    against math.erfc in float64: within 4 eps relative wherever x >= -13 (below, x * Phi(x) <
+    2e-37 and its gradient < 2e-36 underflow); the gradient, which crosses 0 near x = -0.75, relative to
+    ``|Phi(x)| + |x pdf(x)|``. Signed zeros, infinities and NaN as numpy's kernel gives them."""
+    rng = np.random.default_rng(12)
+    x = np.concatenate([np.linspace(-13.0, 13.5, 400_001), rng.standard_normal(100_000) * 3,
+                        np.geomspace(1e-30, 1.0, 2_001), -np.geomspace(1e-30, 1.0, 2_001)])
+    x = x.astype(np.float32)
+    x = x[x >= -13.0]
+    x64 = x.astype(np.float64)
+    phi = phi_ref(x64)
+    x_pdf = x64 * np.exp(-0.5 * x64 * x64) / math.sqrt(2.0 * math.pi)
+    eps = np.finfo(np.float32).eps
+    got = OPS["gelu"].kernel(np, x, approximate=False)
+    want = x64 * phi
+    nonzero = want != 0
+    rel = np.abs(got[nonzero] - want[nonzero]) / np.abs(want[nonzero])
+    assert rel.max() <= 4 * eps, (x[nonzero][rel.argmax()], rel.max() / eps)
+    assert np.array_equal(got == 0, x == 0)
+    dgot = OPS["gelu_grad"].kernel(np, x, np.ones_like(x), approximate=False)
+    drel = np.abs(dgot - (phi + x_pdf)) / (phi + np.abs(x_pdf))
+    assert drel.max() <= 4 * eps, (x[drel.argmax()], drel.max() / eps)
+    far = np.array([-13.0, -13.1, -13.2, -14.0, -30.0], np.float32)
+    assert np.all(np.abs(OPS["gelu"].kernel(np, far, approximate=False)) < 2e-37)
+    assert np.all(np.abs(OPS["gelu_grad"].kernel(np, far, np.ones_like(far),
+                                                 approximate=False)) < 2e-36)
+
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 20.0, -20.0],
+                       np.float32)
+    numpy_gelu, numpy_grad = inspect.unwrap(OPS["gelu"].kernel), \
+        inspect.unwrap(OPS["gelu_grad"].kernel)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want_s = numpy_gelu(np, special, approximate=False)
+        dwant_s = numpy_grad(np, special, np.ones_like(special), approximate=False)
+    got_s = OPS["gelu"].kernel(np, special, approximate=False)
+    np.testing.assert_array_equal(got_s, want_s)  # NaN at -inf (0 * -inf) and NaN
+    np.testing.assert_array_equal(np.signbit(got_s), np.signbit(want_s))  # -0.0 stays -0.0
+    np.testing.assert_array_equal(
+        OPS["gelu_grad"].kernel(np, special, np.ones_like(special), approximate=False), dwant_s)
+    assert ran == ["gelu_erf", "gelu_erf_grad"] * 3
+
+
 @needs_numba
 def test_softmax_special_values_match_numpy(ran):
     x = np.array([[1.0, np.nan, 2.0], [0.0, -np.inf, 1.0], [1e4, 1e4, -1e4], [np.inf, 0.0, 1.0]],
