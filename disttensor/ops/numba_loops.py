@@ -289,10 +289,6 @@ def relu_grad(y, g, out):
         dst[i] = g[i] * (one if y[i] > zero else zero)
 
 
-_TANH_C = math.sqrt(2.0 / math.pi)
-_TANH_A = 0.044715
-
-
 # Exact GELU in float32. With a = |x|, Q(a) = Phi(-a) = exp(-a^2 / 2) * M(a), where M (a Mills
 # ratio, 0.5 at 0, about 1 / (a sqrt(2 pi)) far out) is smooth: a rational P4(a) / R5(a), fitted
 # relative-minimax (Lawson-weighted least squares) to 0.5 * erfc(a / sqrt 2) * exp(a^2 / 2) on
@@ -306,8 +302,8 @@ _MILLS_P = tuple(np.float32(c) for c in (0.5, 0.4353259205818176, 0.181042075157
 _MILLS_R = tuple(np.float32(c) for c in (1.0, 1.6685367822647095, 1.1933798789978027,
                                          0.46368175745010376, 0.1000107079744339,
                                          0.010044203139841557))
-# the largest a whose exp(-a^2 / 2) _exp32_reduced reaches (2**k, k >= -125); beyond it
-# Phi(-a) < 1e-39 is taken as 0
+# the a where -a^2 / 2 reaches _exp32's lower limit (its result still a normal number); beyond
+# it Phi(-a) < 1e-39 is taken as 0
 _A_MAX32 = np.float32(math.sqrt(-2.0 * float(_LO32)))
 _HALF_L2E32 = np.float32(-0.5 / math.log(2.0))
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -355,6 +351,10 @@ def gelu_erf_grad(x, g, out):
         v = x[i]
         phi, e = _phi_pdf32(v)
         dst[i] = g[i] * _fma(v * c, e, phi)
+
+
+_TANH_C = math.sqrt(2.0 / math.pi)
+_TANH_A = 0.044715
 
 
 @njit(**_JIT)
