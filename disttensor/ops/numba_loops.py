@@ -1,15 +1,16 @@
 """Compiled loops (numba) behind :mod:`disttensor.ops.fast`: softmax, layer_norm, relu and gelu
-and their gradients, each a few passes over rows that stay in cache (or one elementwise pass).
+and their gradients, each a few passes over rows that stay in cache (or one elementwise pass),
+and Adam's update (one pass, in place).
 
 The loops take non-empty C-contiguous arrays of one dtype, float32 or float64: softmax and
-layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu and gelu flat
-ones. softmax, relu, gelu and their gradients write ``out``, or their last input when ``out`` is
+layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu, gelu and adam
+flat ones. softmax, relu, gelu and their gradients write ``out``, or their last input when ``out`` is
 None (relu_ writes x, a gradient may overwrite dout); an ``out`` must not overlap the inputs.
 Loops are single-threaded (ranks run one thread each) and compiled once per dtype and form
 (``out`` given or None), cached on disk (``cache=True``).
 
 Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a
-Taylor polynomial, the power of two built from its exponent bits) so that loops calling it
+polynomial, the power of two built from its exponent bits) so that loops calling it
 vectorize: libm's scalar ``expf`` is several times slower. Row maxima use LLVM's ``maxnum``,
 which vectorizes; a NaN in a row still reaches every output of that row through the sum.
 Floating-point flags: reassociation (vectorized sums) and FMA contraction only, so NaN and
@@ -382,3 +383,23 @@ def gelu_tanh_grad(x, g, out):
         v = x[i]
         s = one / (one + _exp(v * (c2 + ca2 * v * v)))
         dst[i] = g[i] * (s + v * s * (one - s) * (k + k3 * v * v))
+
+
+# -- optimizer updates ------------------------------------------------------------------------
+
+@njit(**_JIT)
+def adam(p, g, m, v, beta1, beta2, eps, l2, decay, step):
+    """Adam(W) in place over flat arrays, one pass: ``gi = g + l2 * p``, ``p *= decay``,
+    ``m = b1*m + (1-b1)*gi``, ``v = b2*v + (1-b2)*gi*gi``, ``p -= step * m / (sqrt(v) + eps)``;
+    the scalars in p's dtype, as numpy's kernel takes them."""
+    t = p.dtype.type
+    b1, b2, c1, c2 = t(beta1), t(beta2), t(1.0 - beta1), t(1.0 - beta2)
+    e, w, d, s = t(eps), t(l2), t(decay), t(step)
+    for i in range(p.size):
+        pi = p[i]
+        gi = g[i] + w * pi if l2 != 0.0 else g[i]
+        mi = b1 * m[i] + c1 * gi
+        vi = b2 * v[i] + c2 * (gi * gi)
+        m[i] = mi
+        v[i] = vi
+        p[i] = pi * d - s * (mi / (math.sqrt(vi) + e))

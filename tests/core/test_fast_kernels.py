@@ -117,7 +117,7 @@ def ran(monkeypatch):
         return calls
     from disttensor.ops import numba_loops
     for name in ("softmax", "softmax_grad", "relu", "relu_grad", "gelu_tanh", "gelu_tanh_grad",
-                 "gelu_erf", "gelu_erf_grad", "layer_norm", "layer_norm_grad"):
+                 "gelu_erf", "gelu_erf_grad", "layer_norm", "layer_norm_grad", "adam"):
         loop = getattr(numba_loops, name)
         monkeypatch.setattr(numba_loops, name,
                             lambda *a, _loop=loop, _name=name: (calls.append(_name), _loop(*a)))
@@ -273,6 +273,46 @@ def test_layer_norm_and_grad(shape, k, affine, dtype, kern, ran):
     check(dw, wdw, dtype, 100.0)
     check(db, wdb, dtype, 100.0)
     assert ran == loops_ran(kern, ["layer_norm", "layer_norm_grad"])
+
+
+@pytest.mark.parametrize("path", ["registered", "numpy"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("l2,wd", [(0.0, 0.0), (0.1, 0.0), (0.0, 0.2)])
+def test_adam_update(l2, wd, dtype, path, ran, monkeypatch):
+    """adam_update's kernel — one compiled pass when numba is chosen, or numpy's passes — in
+    place against Adam(W)'s third step in float64; a non-contiguous parameter takes numpy's."""
+    from disttensor.ops import optim
+    if path == "numpy":
+        monkeypatch.setattr(optim, "_adam_pass", inspect.unwrap(optim._adam_pass))
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 1e-3
+    shape = (33, 65)
+    p, g, m = data(shape, dtype, 20), data(shape, dtype, 21), data(shape, dtype, 22, 0.1)
+    v = np.abs(data(shape, dtype, 23, 0.1))
+    p64, g64, m64, v64 = (a.astype(np.float64) for a in (p, g, m, v))
+    gi = g64 + l2 * p64
+    wm = b1 * m64 + (1 - b1) * gi
+    wv = b2 * v64 + (1 - b2) * gi * gi
+    wp = p64 * (1 - lr * wd) - lr / (1 - b1 ** 3) * wm / (np.sqrt(wv / (1 - b2 ** 3)) + eps)
+
+    def step(p, g, m, v):
+        b1p, b2p = np.array([b1 ** 2], dtype), np.array([b2 ** 2], dtype)
+        out = OPS["adam_update"].kernel(np, p, g, m, v, b1p, b2p, np.array(lr, dtype),
+                                        beta1=b1, beta2=b2, epsilon=eps, l2=l2,
+                                        weight_decay=wd, lr_scale=1.0)
+        assert out[0] is p and out[1] is m and out[2] is v
+        check(b1p, [b1 ** 3], dtype)
+        check(b2p, [b2 ** 3], dtype)
+
+    step(p, g, m, v)
+    check(m, wm, dtype)
+    check(v, wv, dtype)
+    check(p, wp, dtype)
+    wide = np.zeros((shape[0], 2 * shape[1]), dtype)
+    strided = wide[:, ::2]
+    strided[...] = p64.astype(dtype)
+    step(strided, g, m64.astype(dtype), v64.astype(dtype))
+    check(strided, wp, dtype)
+    assert ran == (["adam"] if path == "registered" and fast.BACKEND == "numba" else [])
 
 
 @needs_numba
