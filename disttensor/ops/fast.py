@@ -1,5 +1,5 @@
 """Compiled kernels for softmax, layer_norm, relu (relu_ included) and gelu and their gradients,
-chosen once at import: the numba loops of :mod:`.numba_loops` when numba is installed
+and Adam's elementwise update, chosen once at import: the numba loops of :mod:`.numba_loops` when numba is installed
 (``pip install "disttensor[fast]"``), else the numpy kernels.
 
 ``DISTTENSOR_KERNELS`` picks: ``auto`` (the default: numba when importable), ``numba`` (an
@@ -8,8 +8,8 @@ ImportError without it) or ``numpy``. :data:`BACKEND` says which was chosen.
 Each factory here takes an op's numpy kernel and returns the kernel to register: with numba,
 one of the same signature that runs the compiled loop when the call fits it — numpy arrays
 (not cupy) of one float dtype (float32 or float64), C-contiguous, non-empty, of one shape,
-reducing over the last axis (softmax) or trailing axes (layer_norm), exact gelu in float32 only
-— and calls the numpy kernel otherwise (its ``__wrapped__``). Results equal the numpy kernels' within rounding (tests/core/test_fast_kernels).
+reducing over the last axis (softmax) or trailing axes (layer_norm), exact gelu in float32 only,
+Adam's four arrays disjoint — and calls the numpy kernel otherwise (its ``__wrapped__``). Results equal the numpy kernels' within rounding (tests/core/test_fast_kernels).
 The loops are single-threaded, like ranks run (``OMP_NUM_THREADS=1``). ``import numba`` (about
 a second) waits for the first compiled call; each loop compiles once per dtype (and in-place
 form) into numba's on-disk cache (``cache=True``), so later processes load it.
@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["BACKEND", "softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "relu",
-           "relu_grad", "gelu", "gelu_grad"]
+           "relu_grad", "gelu", "gelu_grad", "adam"]
 
 Kernel = Callable[..., Any]
 
@@ -218,7 +218,7 @@ def relu_grad(numpy_kernel: Kernel) -> Kernel:
 
 def _gelu_loop(approximate, dtype) -> bool:
     """GELU's compiled forms: the tanh approximation (float32/float64) and the exact one in
-    float32 (its erfc is fitted to float32 precision; float64 keeps numpy's kernel)."""
+    float32 (its normal CDF is fitted to float32 precision; float64 keeps numpy's kernel)."""
     return bool(approximate) or dtype is _F32
 
 
@@ -241,4 +241,19 @@ def gelu_grad(numpy_kernel: Kernel) -> Kernel:
             loop = _loops().gelu_tanh_grad if approximate else _loops().gelu_erf_grad
             return _run2(loop, x, dout, out, -1)
         return numpy_kernel(xp, x, dout, approximate=approximate, out=out)
+    return kernel
+
+
+def adam(numpy_kernel: Kernel) -> Kernel:
+    """``adam(xp, param, grad, moment1, moment2, beta1, beta2, eps, l2, decay, step)``: Adam's
+    elementwise update in place, one pass (numpy's takes ten)."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, param, grad, moment1, moment2, *scalars):
+        if _fits(xp, param, grad, moment1) and _fits(xp, param, moment2) and not any(
+                np.may_share_memory(a, b) for a, b in ((param, grad), (param, moment1),
+                                                       (param, moment2), (moment1, moment2))):
+            _loops().adam(param.reshape(-1), grad.reshape(-1), moment1.reshape(-1),
+                          moment2.reshape(-1), *(float(c) for c in scalars))
+            return
+        numpy_kernel(xp, param, grad, moment1, moment2, *scalars)
     return kernel

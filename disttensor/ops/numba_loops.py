@@ -1,15 +1,16 @@
 """Compiled loops (numba) behind :mod:`disttensor.ops.fast`: softmax, layer_norm, relu and gelu
-and their gradients, each a few passes over rows that stay in cache (or one elementwise pass).
+and their gradients, each a few passes over rows that stay in cache (or one elementwise pass),
+and Adam's update (one pass, in place).
 
 The loops take non-empty C-contiguous arrays of one dtype, float32 or float64: softmax and
-layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu and gelu flat
-ones. softmax, relu, gelu and their gradients write ``out``, or their last input when ``out`` is
+layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu, gelu and adam
+flat ones. softmax, relu, gelu and their gradients write ``out``, or their last input when ``out`` is
 None (relu_ writes x, a gradient may overwrite dout); an ``out`` must not overlap the inputs.
 Loops are single-threaded (ranks run one thread each) and compiled once per dtype and form
 (``out`` given or None), cached on disk (``cache=True``).
 
 Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a
-Taylor polynomial, the power of two built from its exponent bits) so that loops calling it
+polynomial, the power of two built from its exponent bits) so that loops calling it
 vectorize: libm's scalar ``expf`` is several times slower. Row maxima use LLVM's ``maxnum``,
 which vectorizes; a NaN in a row still reaches every output of that row through the sum.
 Floating-point flags: reassociation (vectorized sums) and FMA contraction only, so NaN and
@@ -42,6 +43,17 @@ def _maxnum(typingctx, a, b):
 
 
 @intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` rounded once (LLVM ``fma``: vectorizes; ``fma(a, a, -a * a)`` is the
+    rounding error of ``a * a`` exactly)."""
+    def codegen(context, builder, sig, args):
+        t = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t, t, t]))
+        return builder.call(fn, args)
+    return a(a, b, c), codegen
+
+
+@intrinsic
 def _float_from_bits(typingctx, bits):
     """The float whose bit pattern is ``bits`` (int32 -> float32, int64 -> float64)."""
     out = {types.int32: types.float32, types.int64: types.float64}.get(bits)
@@ -66,19 +78,25 @@ def _ln2_split(dtype, low_bits: int) -> tuple:
 
 class _ExpConsts:
     """Per-dtype constants of :func:`_exp`: the input range whose result is a normal number,
-    ln 2 split in two, and the Taylor degree that reaches the dtype's precision on
-    ``|r| <= ln2 / 2`` (7 for float32: 5e-9 relative; 13 for float64: 4e-18)."""
+    ln 2 split in two, and the polynomial for exp(r) on ``|r| <= ln2 / 2``: ``coef`` (constant
+    first), else Taylor's of ``degree``."""
 
-    def __init__(self, dtype, low_bits, degree):
+    def __init__(self, dtype, low_bits, degree=0, coef=()):
         info = np.finfo(dtype)
         self.hi = dtype(math.log(float(info.max)))
         self.lo = dtype(math.log(float(info.tiny)) + math.log(2.0))  # 2**(k-1) stays normal
         self.log2e = dtype(1.0 / math.log(2.0))
         self.ln2_hi, self.ln2_lo = _ln2_split(dtype, low_bits)
-        self.coef = tuple(dtype(1.0 / math.factorial(i)) for i in range(degree + 1))
+        self.coef = tuple(dtype(c) for c in coef) or tuple(
+            dtype(1.0 / math.factorial(i)) for i in range(degree + 1))
 
 
-_E32 = _ExpConsts(np.float32, 12, 7)
+# float32: degree 6, relative-minimax (Lawson-weighted least squares) on |r| <= ln2 / 2 with the
+# coefficients rounded to float32 one at a time, the rest refitted: 2e-8 relative (Taylor's
+# degree 7 costs one more FMA); float64: Taylor's degree 13, 4e-18
+_E32 = _ExpConsts(np.float32, 12, coef=(1.0, 1.0, 0.4999999403953552, 0.16666431725025177,
+                                        0.04166800156235695, 0.008374158293008804,
+                                        0.0013843649066984653))
 _E64 = _ExpConsts(np.float64, 32, 13)
 # module-level names numba freezes as typed constants
 _HI32, _LO32, _L2E32, _LN2H32, _LN2L32 = _E32.hi, _E32.lo, _E32.log2e, _E32.ln2_hi, _E32.ln2_lo
@@ -88,16 +106,22 @@ _P64 = _E64.coef
 
 
 @njit(inline="always", cache=True)
+def _exp32_reduced(k, r):
+    """``2**k * exp(r)`` in float32 for an integral k in [-126, 127] and ``|r| <= ln2 / 2``."""
+    p = _P32[6]
+    for i in range(5, -1, -1):  # constant trip count: unrolled
+        p = p * r + _P32[i]
+    # 2**k from its exponent bits (numba widens int32 arithmetic: narrow it back)
+    return p * _float_from_bits(np.int32((np.int32(k) + 127) << 23))
+
+
+@njit(inline="always", cache=True)
 def _exp32(x):
     xc = x if x < _HI32 else _HI32
     xc = xc if xc > _LO32 else _LO32
     k = np.floor(xc * _L2E32 + np.float32(0.5))
-    r = (xc - k * _LN2H32) - k * _LN2L32
-    p = _P32[7]
-    for i in range(6, -1, -1):  # constant trip count: unrolled
-        p = p * r + _P32[i]
-    # 2**(k-1) from its exponent bits (numba widens int32 arithmetic: narrow it back)
-    res = p * _float_from_bits(np.int32((np.int32(k) + 126) << 23)) * np.float32(2)
+    # 2**(k-1) * 2: k reaches 128 at the top of the range
+    res = _exp32_reduced(k - np.float32(1), (xc - k * _LN2H32) - k * _LN2L32) * np.float32(2)
     res = np.float32(np.inf) if x > _HI32 else res
     res = np.float32(0) if x < _LO32 else res
     return x if x != x else res  # NaN
@@ -266,58 +290,72 @@ def relu_grad(y, g, out):
         dst[i] = g[i] * (one if y[i] > zero else zero)
 
 
-_TANH_C = math.sqrt(2.0 / math.pi)
-_TANH_A = 0.044715
-
-
-def _erfc_fit(degree: int = 8, zmax: float = 9.5) -> tuple:
-    """Coefficients (constant first) of a polynomial R in ``t = 1 / (1 + z / 2)`` with
-    ``erfc(z) = t * exp(R(t) - z^2)`` for z >= 0: least squares (Chebyshev) against math.erfc
-    on [0, zmax] (below erfc(9.5) float32 is 0), 1e-6 relative in float64; evaluated in float32
-    the error stays below 4e-6 for z < 4 and 2e-5 in the far tail (z^2's rounding)."""
-    z = np.linspace(0.0, zmax, 4001)
-    t = 1.0 / (1.0 + 0.5 * z)
-    r = np.log(np.array([math.erfc(v) for v in z]) / t) + z * z
-    fit = np.polynomial.Chebyshev.fit(t, r, degree)
-    return tuple(np.float32(c) for c in fit.convert(kind=np.polynomial.Polynomial).coef)
-
-
-_ERFC32 = _erfc_fit()
-_ERFC_DEG = len(_ERFC32) - 1
-_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+# Exact GELU in float32. With a = |x|, Q(a) = Phi(-a) = exp(-a^2 / 2) * M(a), where M (a Mills
+# ratio, 0.5 at 0, about 1 / (a sqrt(2 pi)) far out) is smooth: a rational P4(a) / R5(a), fitted
+# relative-minimax (Lawson-weighted least squares) to 0.5 * erfc(a / sqrt 2) * exp(a^2 / 2) on
+# [0, 13.15] with the coefficients rounded to float32 one at a time, the rest refitted: 2e-8
+# relative before float32 evaluation. Then Phi(x) = Q(a) for x < 0 and 1 - Q(a) otherwise: no
+# 1 + erf cancellation, so both tails keep float32's relative precision; the exp is shared with
+# the gradient's pdf. Error against math.erfc (tests/core/test_fast_kernels): <= 4 float32 eps
+# relative for x >= -13 (below, x * Phi(x) < 2e-37 and loses precision to underflow).
+_MILLS_P = tuple(np.float32(c) for c in (0.5, 0.4353259205818176, 0.18104207515716553,
+                                         0.039895497262477875, 0.004007115960121155))
+_MILLS_R = tuple(np.float32(c) for c in (1.0, 1.6685367822647095, 1.1933798789978027,
+                                         0.46368175745010376, 0.1000107079744339,
+                                         0.010044203139841557))
+# the a where -a^2 / 2 reaches _exp32's lower limit (its result still a normal number); beyond
+# it Phi(-a) < 1e-39 is taken as 0
+_A_MAX32 = np.float32(math.sqrt(-2.0 * float(_LO32)))
+_HALF_L2E32 = np.float32(-0.5 / math.log(2.0))
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @njit(inline="always", cache=True)
-def _phi32(v):
-    """The normal CDF of float32 v, ``0.5 * erfc(-v / sqrt 2)``, with small relative error
-    in both tails (no ``1 + erf`` cancellation)."""
-    z = abs(v) * np.float32(_INV_SQRT2)
-    t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.5) * z)
-    p = _ERFC32[_ERFC_DEG]
-    for i in range(_ERFC_DEG - 1, -1, -1):  # constant trip count: unrolled
-        p = p * t + _ERFC32[i]
-    e = np.float32(0.5) * t * _exp32(p - z * z)
-    return e if v < np.float32(0.0) else np.float32(1.0) - e
+def _phi_pdf32(v):
+    """``(Phi(v), exp(-v^2 / 2))`` for float32 v (the normal CDF and sqrt(2 pi) times its
+    pdf), branch-free. v^2 is split exactly as hi + lo (FMA), so the exponent -v^2 / 2 carries no
+    rounding error into the far tail."""
+    a0 = abs(v)
+    a = a0 if a0 < _A_MAX32 else _A_MAX32
+    hi = a * a
+    lo = _fma(a, a, -hi)
+    k = np.floor(hi * _HALF_L2E32 + np.float32(0.5))
+    # -v^2 / 2 - k ln2 in fma steps (exact but for the last), which reassociation cannot reorder
+    r = _fma(k, -_LN2H32, np.float32(-0.5) * hi)
+    r = _fma(lo, np.float32(-0.5), _fma(k, -_LN2L32, r))
+    e = _exp32_reduced(k, r)
+    e = np.float32(0.0) if a0 > _A_MAX32 else e  # +-inf, or beyond float32's tail
+    p, c = _MILLS_P, _MILLS_R  # Estrin, with hi = a^2: short dependency chains
+    num = _fma(hi, _fma(hi, p[4], _fma(a, p[3], p[2])), _fma(a, p[1], p[0]))
+    den = _fma(hi, _fma(hi, _fma(a, c[5], c[4]), _fma(a, c[3], c[2])), _fma(a, c[1], c[0]))
+    q = e * num / den
+    return (q if v < np.float32(0.0) else np.float32(1.0) - q), e
 
 
 @njit(**_JIT)
 def gelu_erf(x, out):
-    """``x * Phi(x)`` (exact GELU), float32 only."""
+    """``x * Phi(x)`` (exact GELU), float32 only; x = -inf gives NaN (0 * -inf), as numpy's
+    kernel does."""
     dst = _into(x, out)
     for i in range(x.size):
         v = x[i]
-        dst[i] = v * _phi32(v)
+        phi, _ = _phi_pdf32(v)
+        dst[i] = v * phi
 
 
 @njit(**_JIT)
 def gelu_erf_grad(x, g, out):
     """``g * (Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi))``, float32 only."""
     dst = _into(g, out)
+    c = np.float32(_INV_SQRT_2PI)
     for i in range(x.size):
         v = x[i]
-        pdf = np.float32(_INV_SQRT_2PI) * _exp32(np.float32(-0.5) * v * v)
-        dst[i] = g[i] * (_phi32(v) + v * pdf)
+        phi, e = _phi_pdf32(v)
+        dst[i] = g[i] * _fma(v * c, e, phi)
+
+
+_TANH_C = math.sqrt(2.0 / math.pi)
+_TANH_A = 0.044715
 
 
 @njit(**_JIT)
@@ -345,3 +383,23 @@ def gelu_tanh_grad(x, g, out):
         v = x[i]
         s = one / (one + _exp(v * (c2 + ca2 * v * v)))
         dst[i] = g[i] * (s + v * s * (one - s) * (k + k3 * v * v))
+
+
+# -- optimizer updates ------------------------------------------------------------------------
+
+@njit(**_JIT)
+def adam(p, g, m, v, beta1, beta2, eps, l2, decay, step):
+    """Adam(W) in place over flat arrays, one pass: ``gi = g + l2 * p``, ``p *= decay``,
+    ``m = b1*m + (1-b1)*gi``, ``v = b2*v + (1-b2)*gi*gi``, ``p -= step * m / (sqrt(v) + eps)``;
+    the scalars in p's dtype, as numpy's kernel takes them."""
+    t = p.dtype.type
+    b1, b2, c1, c2 = t(beta1), t(beta2), t(1.0 - beta1), t(1.0 - beta2)
+    e, w, d, s = t(eps), t(l2), t(decay), t(step)
+    for i in range(p.size):
+        pi = p[i]
+        gi = g[i] + w * pi if l2 != 0.0 else g[i]
+        mi = b1 * m[i] + c1 * gi
+        vi = b2 * v[i] + c2 * (gi * gi)
+        m[i] = mi
+        v[i] = vi
+        p[i] = pi * d - s * (mi / (math.sqrt(vi) + e))

@@ -8,11 +8,35 @@ parameter, gradient and states share one layout; scalars broadcast)."""
 from __future__ import annotations
 
 from ..schema import register, same_dtype
+from . import fast
 
 
 def _scalar(a) -> float:
     """A one-element array as a Python float (keeps the update in the parameter's dtype)."""
     return float(a.reshape(-1)[0])
+
+
+def _adam_elementwise(xp, param, grad, moment1, moment2, beta1, beta2, eps, l2, decay, step):
+    """Adam's elementwise update in place: ``g = grad + l2 * param``, ``param *= decay``,
+    ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*g*g``, ``param -= step * m / (sqrt(v) + eps)``."""
+    g = grad + l2 * param if l2 else grad
+    tmp = xp.empty_like(moment2)  # the one temporary, reused by every pass below
+    if decay != 1.0:
+        param *= decay
+    moment1 *= beta1
+    moment1 += xp.multiply(g, 1.0 - beta1, out=tmp)
+    moment2 *= beta2
+    xp.multiply(g, g, out=tmp)
+    tmp *= 1.0 - beta2
+    moment2 += tmp
+    xp.sqrt(moment2, out=tmp)
+    tmp += eps
+    xp.divide(moment1, tmp, out=tmp)
+    tmp *= step
+    param -= tmp
+
+
+_adam_pass = fast.adam(_adam_elementwise)
 
 
 def _adam_kernel(xp, param, grad, moment1, moment2, beta1_pow, beta2_pow, lr, beta1, beta2,
@@ -27,21 +51,8 @@ def _adam_kernel(xp, param, grad, moment1, moment2, beta1_pow, beta2_pow, lr, be
     # lr_t * m / (sqrt(v) * c2 + eps) == (lr_t / c2) * m / (sqrt(v) + eps / c2)
     c2 = 1.0 / (1.0 - _scalar(beta2_pow)) ** 0.5
     step = lr_v / (1.0 - _scalar(beta1_pow)) / c2
-    g = grad + l2 * param if l2 else grad
-    tmp = xp.empty_like(moment2)  # the one temporary, reused by every pass below
-    if weight_decay:
-        param *= 1.0 - lr_v * weight_decay
-    moment1 *= beta1
-    moment1 += xp.multiply(g, 1.0 - beta1, out=tmp)
-    moment2 *= beta2
-    xp.multiply(g, g, out=tmp)
-    tmp *= 1.0 - beta2
-    moment2 += tmp
-    xp.sqrt(moment2, out=tmp)
-    tmp += epsilon / c2
-    xp.divide(moment1, tmp, out=tmp)
-    tmp *= step
-    param -= tmp
+    _adam_pass(xp, param, grad, moment1, moment2, beta1, beta2, epsilon / c2, l2,
+               1.0 - lr_v * weight_decay, step)
     return param, moment1, moment2, beta1_pow, beta2_pow
 
 

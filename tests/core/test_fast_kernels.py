@@ -117,7 +117,7 @@ def ran(monkeypatch):
         return calls
     from disttensor.ops import numba_loops
     for name in ("softmax", "softmax_grad", "relu", "relu_grad", "gelu_tanh", "gelu_tanh_grad",
-                 "gelu_erf", "gelu_erf_grad", "layer_norm", "layer_norm_grad"):
+                 "gelu_erf", "gelu_erf_grad", "layer_norm", "layer_norm_grad", "adam"):
         loop = getattr(numba_loops, name)
         monkeypatch.setattr(numba_loops, name,
                             lambda *a, _loop=loop, _name=name: (calls.append(_name), _loop(*a)))
@@ -275,6 +275,46 @@ def test_layer_norm_and_grad(shape, k, affine, dtype, kern, ran):
     assert ran == loops_ran(kern, ["layer_norm", "layer_norm_grad"])
 
 
+@pytest.mark.parametrize("path", ["registered", "numpy"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("l2,wd", [(0.0, 0.0), (0.1, 0.0), (0.0, 0.2)])
+def test_adam_update(l2, wd, dtype, path, ran, monkeypatch):
+    """adam_update's kernel — one compiled pass when numba is chosen, or numpy's passes — in
+    place against Adam(W)'s third step in float64; a non-contiguous parameter takes numpy's."""
+    from disttensor.ops import optim
+    if path == "numpy":
+        monkeypatch.setattr(optim, "_adam_pass", inspect.unwrap(optim._adam_pass))
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 1e-3
+    shape = (33, 65)
+    p, g, m = data(shape, dtype, 20), data(shape, dtype, 21), data(shape, dtype, 22, 0.1)
+    v = np.abs(data(shape, dtype, 23, 0.1))
+    p64, g64, m64, v64 = (a.astype(np.float64) for a in (p, g, m, v))
+    gi = g64 + l2 * p64
+    wm = b1 * m64 + (1 - b1) * gi
+    wv = b2 * v64 + (1 - b2) * gi * gi
+    wp = p64 * (1 - lr * wd) - lr / (1 - b1 ** 3) * wm / (np.sqrt(wv / (1 - b2 ** 3)) + eps)
+
+    def step(p, g, m, v):
+        b1p, b2p = np.array([b1 ** 2], dtype), np.array([b2 ** 2], dtype)
+        out = OPS["adam_update"].kernel(np, p, g, m, v, b1p, b2p, np.array(lr, dtype),
+                                        beta1=b1, beta2=b2, epsilon=eps, l2=l2,
+                                        weight_decay=wd, lr_scale=1.0)
+        assert out[0] is p and out[1] is m and out[2] is v
+        check(b1p, [b1 ** 3], dtype)
+        check(b2p, [b2 ** 3], dtype)
+
+    step(p, g, m, v)
+    check(m, wm, dtype)
+    check(v, wv, dtype)
+    check(p, wp, dtype)
+    wide = np.zeros((shape[0], 2 * shape[1]), dtype)
+    strided = wide[:, ::2]
+    strided[...] = p64.astype(dtype)
+    step(strided, g, m64.astype(dtype), v64.astype(dtype))
+    check(strided, wp, dtype)
+    assert ran == (["adam"] if path == "registered" and fast.BACKEND == "numba" else [])
+
+
 @needs_numba
 def test_exp_is_accurate_over_the_normal_range():
     """The loops' exp (vectorizable, not libm's) within 2 units in the last place of numpy's
@@ -298,6 +338,50 @@ def test_exp_is_accurate_over_the_normal_range():
         got = np.empty_like(ends)
         exp_all(ends, got)
         np.testing.assert_array_equal(got, [0.0, np.inf, np.inf, 0.0, np.nan])
+
+
+@pytest.mark.skipif(fast.BACKEND != "numba", reason="compiled kernels not chosen")
+def test_exact_gelu_float32_is_within_a_few_eps_of_math_erfc(ran):
+    """The compiled exact GELU and its gradient in float32 on a dense grid, both tails included,
+    against math.erfc in float64: within 4 eps relative wherever x >= -13 (below, x * Phi(x) <
+    2e-37 and its gradient < 2e-36 underflow); the gradient, which crosses 0 near x = -0.75, relative to
+    ``|Phi(x)| + |x pdf(x)|``. Signed zeros, infinities and NaN as numpy's kernel gives them."""
+    rng = np.random.default_rng(12)
+    x = np.concatenate([np.linspace(-13.0, 13.5, 400_001), rng.standard_normal(100_000) * 3,
+                        np.geomspace(1e-30, 1.0, 2_001), -np.geomspace(1e-30, 1.0, 2_001)])
+    x = x.astype(np.float32)
+    x = x[x >= -13.0]
+    x64 = x.astype(np.float64)
+    phi = phi_ref(x64)
+    x_pdf = x64 * np.exp(-0.5 * x64 * x64) / math.sqrt(2.0 * math.pi)
+    eps = np.finfo(np.float32).eps
+    got = OPS["gelu"].kernel(np, x, approximate=False)
+    want = x64 * phi
+    nonzero = want != 0
+    rel = np.abs(got[nonzero] - want[nonzero]) / np.abs(want[nonzero])
+    assert rel.max() <= 4 * eps, (x[nonzero][rel.argmax()], rel.max() / eps)
+    assert np.array_equal(got == 0, x == 0)
+    dgot = OPS["gelu_grad"].kernel(np, x, np.ones_like(x), approximate=False)
+    drel = np.abs(dgot - (phi + x_pdf)) / (phi + np.abs(x_pdf))
+    assert drel.max() <= 4 * eps, (x[drel.argmax()], drel.max() / eps)
+    far = np.array([-13.0, -13.1, -13.2, -14.0, -30.0], np.float32)
+    assert np.all(np.abs(OPS["gelu"].kernel(np, far, approximate=False)) < 2e-37)
+    assert np.all(np.abs(OPS["gelu_grad"].kernel(np, far, np.ones_like(far),
+                                                 approximate=False)) < 2e-36)
+
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 20.0, -20.0],
+                       np.float32)
+    numpy_gelu, numpy_grad = inspect.unwrap(OPS["gelu"].kernel), \
+        inspect.unwrap(OPS["gelu_grad"].kernel)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want_s = numpy_gelu(np, special, approximate=False)
+        dwant_s = numpy_grad(np, special, np.ones_like(special), approximate=False)
+    got_s = OPS["gelu"].kernel(np, special, approximate=False)
+    np.testing.assert_array_equal(got_s, want_s)  # NaN at -inf (0 * -inf) and NaN
+    np.testing.assert_array_equal(np.signbit(got_s), np.signbit(want_s))  # -0.0 stays -0.0
+    np.testing.assert_array_equal(
+        OPS["gelu_grad"].kernel(np, special, np.ones_like(special), approximate=False), dwant_s)
+    assert ran == ["gelu_erf", "gelu_erf_grad"] * 3
 
 
 @needs_numba
