@@ -21,7 +21,9 @@ from disttensor.ops import fast
 from disttensor.schema import OPS
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
-needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed (extra 'fast')")
+COMPILED = fast.BACKEND == "numba"  # numba installed and not switched off by DISTTENSOR_KERNELS
+NOT_COMPILED = "compiled kernels not selected (numba not installed, or DISTTENSOR_KERNELS=numpy)"
+needs_numba = pytest.mark.skipif(not COMPILED, reason=NOT_COMPILED)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 C, A = math.sqrt(2.0 / math.pi), 0.044715
@@ -97,8 +99,8 @@ def data(shape, dtype, seed=0, scale=3.0):
 def kern(request):
     """``kern(name)``: op ``name``'s registered kernel (compiled: needs numba) or the numpy
     kernel it wraps."""
-    if request.param == "compiled" and not HAVE_NUMBA:
-        pytest.skip("numba not installed (extra 'fast')")
+    if request.param == "compiled" and not COMPILED:
+        pytest.skip(NOT_COMPILED)
     if request.param == "compiled":
         return lambda name: OPS[name].kernel
     return lambda name: inspect.unwrap(OPS[name].kernel)
@@ -113,7 +115,7 @@ def loops_ran(kern, names):
 def ran(monkeypatch):
     """The names of the compiled loops called since the test began."""
     calls = []
-    if not HAVE_NUMBA:
+    if not COMPILED:
         return calls
     from disttensor.ops import numba_loops
     for name in ("softmax", "softmax_grad", "relu", "relu_grad", "gelu_tanh", "gelu_tanh_grad",
