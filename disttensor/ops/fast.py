@@ -25,7 +25,8 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["BACKEND", "softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "relu",
-           "relu_grad", "gelu", "gelu_grad"]
+           "relu_grad", "gelu", "gelu_grad", "cross_entropy_rows", "cross_entropy_grad",
+           "batch_norm", "batch_norm_grad"]
 
 Kernel = Callable[..., Any]
 
@@ -241,4 +242,116 @@ def gelu_grad(numpy_kernel: Kernel) -> Kernel:
             loop = _loops().gelu_tanh_grad if approximate else _loops().gelu_erf_grad
             return _run2(loop, x, dout, out, -1)
         return numpy_kernel(xp, x, dout, approximate=approximate, out=out)
+    return kernel
+
+
+# -- cross entropy (hard labels, whole class axis) ------------------------------------------
+
+def _whole_classes(xp, x, label, axis, ctx) -> bool:
+    """The rows of a cross entropy call a loop can take: float x (see :func:`_floats`) whose
+    last axis holds the classes, all of them on this rank (no class offset, no collective), and
+    a numpy integer label with one entry per row."""
+    return (axis == x.ndim - 1 and _floats(xp, x) and type(label) is np.ndarray
+            and label.dtype.kind in "iu" and label.size * x.shape[-1] == x.size
+            and ctx.global_shape(0, x.shape)[axis] == x.shape[axis])
+
+
+def cross_entropy_rows(numpy_rows: Kernel) -> Kernel:
+    """``rows(xp, logits, label, axis, ignore_index, ctx) -> (softmax, loss, stats)``."""
+    @_compiled(numpy_rows)
+    def rows(xp, logits, label, axis, ignore_index, ctx):
+        if not _whole_classes(xp, logits, label, axis, ctx):
+            return numpy_rows(xp, logits, label, axis, ignore_index, ctx)
+        n = logits.shape[-1]
+        sm = np.empty_like(logits)
+        loss = np.empty(logits.shape[:-1] + (1,), logits.dtype)
+        stats = np.empty(3, np.float64)
+        _loops().cross_entropy_rows(logits.reshape(-1, n), label.reshape(-1),
+                                    int(ignore_index), sm.reshape(-1, n), loss.reshape(-1),
+                                    stats)
+        return sm, loss, stats
+    return rows
+
+
+def cross_entropy_grad(numpy_kernel: Kernel) -> Kernel:
+    """``cross_entropy_grad(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None)``;
+    ``out`` may be softmax."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None):
+        if not (_whole_classes(xp, softmax, label, axis, ctx) and _fits(xp, softmax, out)):
+            return numpy_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=out)
+        n = softmax.shape[-1]
+        scale = np.broadcast_to(np.asarray(dloss, softmax.dtype), softmax.shape[:-1] + (1,))
+        if out is None:
+            out = np.empty_like(softmax)
+        _loops().cross_entropy_grad_rows(softmax.reshape(-1, n), label.reshape(-1),
+                                         int(ignore_index),
+                                         np.ascontiguousarray(scale).reshape(-1),
+                                         out.reshape(-1, n))
+        return out
+    return kernel
+
+
+# -- batch_norm (training) with the channels last in memory --------------------------------
+
+def _bn_rows(xp, x, data_format, *params) -> bool:
+    """A training batch_norm call the loops take: float x (:func:`_floats`) of at least 2 dims
+    whose channel axis is its last axis in memory (2-d, or a channels-last format), the
+    per-channel arrays (None among them skipped) of x's dtype and contiguous."""
+    return (x.ndim >= 2 and (x.ndim == 2 or data_format in ("NLC", "NHWC", "NDHWC"))
+            and _floats(xp, x, *params))
+
+
+def batch_norm(numpy_kernel: Kernel) -> Kernel:
+    """``batch_norm(xp, x, running_mean, running_var, weight, bias, training, momentum, epsilon,
+    data_format, ctx) -> (out, running_mean, running_var, mean, rstd)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, running_mean, running_var, weight, bias, training, momentum, epsilon,
+               data_format, ctx):
+        if not (training and _bn_rows(xp, x, data_format, running_mean, running_var, weight,
+                                      bias)):
+            return numpy_kernel(xp, x, running_mean, running_var, weight, bias, training,
+                                momentum, epsilon, data_format, ctx)
+        red = tuple(range(x.ndim - 1))
+        gshape = ctx.global_shape(0, x.shape)
+        count = math.prod(gshape[a] for a in red)
+        x2 = _rows(x, x.ndim - 1)
+        loops = _loops()
+        n = x2.shape[1]
+        sums = np.empty(n, x.dtype)
+        loops.bn_sum(x2, sums)
+        mean = ctx.allreduce(sums, "sum", 0, red) / count
+        loops.bn_centered_squares(x2, mean, sums)
+        var = ctx.allreduce(sums, "sum", 0, red) / count
+        w, b = _params(x, weight, bias, n)
+        rstd = np.empty_like(mean)
+        out = np.empty_like(x)
+        loops.bn_forward(x2, mean, var, w, b, float(momentum), float(epsilon), running_mean,
+                         running_var, rstd, _rows(out, x.ndim - 1))
+        return out, running_mean, running_var, mean, rstd
+    return kernel
+
+
+def batch_norm_grad(numpy_kernel: Kernel) -> Kernel:
+    """``batch_norm_grad(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats,
+    data_format, ctx) -> (dx, dweight, dbias)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats, data_format, ctx):
+        if use_global_stats or dout.shape != x.shape or not _bn_rows(
+                xp, x, data_format, weight, saved_mean, saved_rstd, dout):
+            return numpy_kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats,
+                                data_format, ctx)
+        red = tuple(range(x.ndim - 1))
+        count = math.prod(ctx.global_shape(0, x.shape)[a] for a in red)
+        x2, dout2 = _rows(x, x.ndim - 1), _rows(dout, x.ndim - 1)
+        n = x2.shape[1]
+        loops = _loops()
+        sums = np.empty((2, n), x.dtype)
+        loops.bn_grad_sums(x2, saved_mean, saved_rstd, dout2, sums)
+        sums = ctx.allreduce(sums, "sum", 0, red)
+        w, _ = _params(x, weight, None, n)
+        dx = np.empty_like(x)
+        loops.bn_grad_dx(x2, saved_mean, saved_rstd, w, dout2, sums, float(count),
+                         _rows(dx, x.ndim - 1))
+        return dx, sums[1], sums[0]
     return kernel

@@ -227,8 +227,8 @@ def _bn_dtype(dtypes, attrs) -> tuple:
     return x, np.dtype(dtypes[1]), np.dtype(dtypes[2]), x, x
 
 
-register("batch_norm_grad", _batch_norm_grad_kernel, rule="batch_norm_grad", n_out=3,
-         needs_ctx=True, dtype=_bn_grad_dtype)
+register("batch_norm_grad", fast.batch_norm_grad(_batch_norm_grad_kernel),
+         rule="batch_norm_grad", n_out=3, needs_ctx=True, dtype=_bn_grad_dtype)
 _BN_SPEC = dict(backward=_batch_norm_bwd, rule="batch_norm", n_out=5, save_inputs=(0, 3),
                 save_outputs=(3, 4), nondiff_outputs=frozenset({1, 2, 3, 4}),
                 grad_inputs=(0, 3, 4), needs_ctx=True, dtype=_bn_dtype)
@@ -236,7 +236,7 @@ _BN_SPEC = dict(backward=_batch_norm_bwd, rule="batch_norm", n_out=5, save_input
 # place: outputs 1 and 2 *are* those tensors (mean -> mean_out, variance -> variance_out, as
 # Paddle's batch_norm_). Inference: the same kernel writes nothing; its outputs 1 and 2 are
 # views of the running statistics.
-register("batch_norm", _batch_norm_kernel, mutates=((1, 1), (2, 2)), **_BN_SPEC)
+register("batch_norm", fast.batch_norm(_batch_norm_kernel), mutates=((1, 1), (2, 2)), **_BN_SPEC)
 register("batch_norm_infer", _batch_norm_kernel, view=((1, 1), (2, 2)), **_BN_SPEC)
 
 

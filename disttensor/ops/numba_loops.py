@@ -345,3 +345,126 @@ def gelu_tanh_grad(x, g, out):
         v = x[i]
         s = one / (one + _exp(v * (c2 + ca2 * v * v)))
         dst[i] = g[i] * (s + v * s * (one - s) * (k + k3 * v * v))
+
+
+# -- cross entropy (hard labels, whole class axis) ------------------------------------------
+
+@njit(**_JIT)
+def cross_entropy_rows(x, label, ignore, sm, loss, stats):
+    """Per row of ``[rows, n]`` logits with ``label`` [rows]: ``sm`` the softmax, ``loss``
+    ``log(sum(exp(x - max))) + max - x[label]`` (0 where the label is ``ignore`` or outside
+    [0, n)); ``stats`` = [sum of loss (float64), rows not ignored, of those out of range]."""
+    rows, n = x.shape
+    total = 0.0
+    n_valid = 0
+    n_bad = 0
+    for i in range(rows):
+        mi = x[i, 0]
+        for j in range(n):
+            mi = _maxnum(mi, x[i, j])
+        for j in range(n):
+            sm[i, j] = _exp(x[i, j] - mi)
+        s = x.dtype.type(0.0)
+        for j in range(n):
+            s += sm[i, j]
+        inv = x.dtype.type(1.0) / s
+        for j in range(n):
+            sm[i, j] *= inv
+        lab = label[i]
+        li = x.dtype.type(0.0)
+        if lab != ignore:
+            n_valid += 1
+            if 0 <= lab < n:
+                li = np.log(s) + mi - x[i, lab]
+            else:
+                n_bad += 1
+        loss[i] = li
+        total += li
+    stats[0] = total
+    stats[1] = n_valid
+    stats[2] = n_bad
+
+
+@njit(**_JIT)
+def cross_entropy_grad_rows(sm, label, ignore, scale, out):
+    """``out = (sm - onehot(label)) * scale[row]`` per row of ``[rows, n]``, 0 on rows labelled
+    ``ignore``; ``out`` may be ``sm``."""
+    rows, n = sm.shape
+    for i in range(rows):
+        lab = label[i]
+        k = sm.dtype.type(0.0) if lab == ignore else scale[i]
+        for j in range(n):
+            out[i, j] = sm[i, j] * k
+        if lab != ignore and 0 <= lab < n:
+            out[i, lab] -= k
+
+
+# -- batch_norm with the channels on the last axis of [rows, C] (x 2-d, or channels last) -----
+
+@njit(**_JIT)
+def bn_sum(x, sums):
+    """Per channel of ``[rows, C]``: ``sum(x)``."""
+    rows, n = x.shape
+    for j in range(n):
+        sums[j] = 0.0
+    for i in range(rows):
+        for j in range(n):
+            sums[j] += x[i, j]
+
+
+@njit(**_JIT)
+def bn_centered_squares(x, mean, sums):
+    """Per channel of ``[rows, C]``: ``sum((x - mean) ** 2)``."""
+    rows, n = x.shape
+    for j in range(n):
+        sums[j] = 0.0
+    for i in range(rows):
+        for j in range(n):
+            d = x[i, j] - mean[j]
+            sums[j] += d * d
+
+
+@njit(**_JIT)
+def bn_forward(x, mean, var, w, b, momentum, eps, run_mean, run_var, rstd, out):
+    """The running statistics updated with the batch's ``mean`` and ``var``, ``rstd = 1 /
+    sqrt(var + eps)`` and ``out = (x - mean) * rstd * w + b`` per channel."""
+    rows, n = x.shape
+    scale = np.empty(n, x.dtype)
+    for j in range(n):
+        run_mean[j] = momentum * run_mean[j] + (1.0 - momentum) * mean[j]
+        run_var[j] = momentum * run_var[j] + (1.0 - momentum) * var[j]
+        rstd[j] = x.dtype.type(1.0) / np.sqrt(var[j] + eps)
+        scale[j] = rstd[j] * w[j]
+    for i in range(rows):
+        for j in range(n):
+            out[i, j] = (x[i, j] - mean[j]) * scale[j] + b[j]
+
+
+@njit(**_JIT)
+def bn_grad_sums(x, mean, rstd, dout, sums):
+    """Per channel: ``sums[0] = sum(dout)``, ``sums[1] = sum(dout * xhat)``, xhat = (x - mean)
+    * rstd."""
+    rows, n = x.shape
+    for j in range(n):
+        sums[0, j] = 0.0
+        sums[1, j] = 0.0
+    for i in range(rows):
+        for j in range(n):
+            sums[0, j] += dout[i, j]
+            sums[1, j] += dout[i, j] * ((x[i, j] - mean[j]) * rstd[j])
+
+
+@njit(**_JIT)
+def bn_grad_dx(x, mean, rstd, w, dout, sums, count, dx):
+    """``dx = k * (dout - (sum_dy + xhat * sum_dy_xhat) / count)``, k = w * rstd."""
+    rows, n = x.shape
+    k = np.empty(n, x.dtype)
+    a = np.empty(n, x.dtype)
+    c = np.empty(n, x.dtype)
+    for j in range(n):
+        k[j] = w[j] * rstd[j]
+        a[j] = k[j] * sums[0, j] / count
+        c[j] = k[j] * sums[1, j] / count
+    for i in range(rows):
+        for j in range(n):
+            dx[i, j] = dout[i, j] * k[j] - (x[i, j] - mean[j]) * rstd[j] * c[j] - a[j]
