@@ -41,18 +41,21 @@ class DistKernelCtx(KernelCtx):
     """KernelCtx for this rank's pieces: offsets and global shapes from the required layouts,
     all-reduces over the mesh dims that shard the named axes."""
 
-    __slots__ = ("metas", "mesh", "coord", "_offsets")
+    __slots__ = ("metas", "mesh", "coord", "_offsets", "_groups")
 
     def __init__(self, metas, mesh: ProcessMesh, coord):
         self.metas, self.mesh, self.coord = metas, mesh, coord
         self._offsets: dict = {}  # input index -> this rank's offsets (plans are cached)
+        self._groups: dict = {}   # (input index, axes) -> the group reducing them, or None
 
     def allreduce(self, arr, op: str, input_index: int, axes):
-        attr = self.metas[input_index].dist_attr
-        dims = tuple(sorted(m for a in axes for m in attr.dims_mapping[a]))
-        if not dims:
-            return arr
-        return group_over(self.mesh, dims).all_reduce(arr, op)
+        key = (input_index, axes)
+        group = self._groups.get(key, self)
+        if group is self:
+            attr = self.metas[input_index].dist_attr
+            dims = tuple(sorted(m for a in axes for m in attr.dims_mapping[a]))
+            group = self._groups[key] = group_over(self.mesh, dims) if dims else None
+        return arr if group is None else group.all_reduce(arr, op)
 
     def offset(self, input_index: int, axis: int) -> int:
         offsets = self._offsets.get(input_index)

@@ -281,12 +281,13 @@ def cross_entropy_grad(numpy_kernel: Kernel) -> Kernel:
         if not (_whole_classes(xp, softmax, label, axis, ctx) and _fits(xp, softmax, out)):
             return numpy_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=out)
         n = softmax.shape[-1]
-        scale = np.broadcast_to(np.asarray(dloss, softmax.dtype), softmax.shape[:-1] + (1,))
+        scale = np.asarray(dloss, softmax.dtype).reshape(-1)  # per row, or one for all
+        if scale.size != 1 and scale.size * n != softmax.size:
+            scale = np.broadcast_to(dloss, softmax.shape[:-1] + (1,)).astype(softmax.dtype)
         if out is None:
             out = np.empty_like(softmax)
         _loops().cross_entropy_grad_rows(softmax.reshape(-1, n), label.reshape(-1),
-                                         int(ignore_index),
-                                         np.ascontiguousarray(scale).reshape(-1),
+                                         int(ignore_index), scale.reshape(-1),
                                          out.reshape(-1, n))
         return out
     return kernel

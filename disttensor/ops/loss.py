@@ -93,10 +93,10 @@ def _ce_mean_kernel(xp, logits, label, axis, ignore_index, ctx):
     e, _, stats = _ce_rows(xp, logits, label, axis, ignore_index, ctx)
     batch = tuple(a for a in range(logits.ndim) if a != axis)
     stats = ctx.allreduce(stats, "sum", 0, batch)
-    if stats[2]:
+    total, count, bad = (float(v) for v in stats)
+    if bad:
         _check_labels(xp, ctx, logits, label, axis, ignore_index)
-    loss = xp.asarray(stats[0] / xp.maximum(stats[1], 1.0), dtype=logits.dtype)
-    return e, loss, xp.asarray(stats[1], dtype=logits.dtype)
+    return e, xp.asarray(total / max(count, 1.0), logits.dtype), xp.asarray(count, logits.dtype)
 
 
 def _ce_grad_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None):

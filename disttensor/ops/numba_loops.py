@@ -387,12 +387,13 @@ def cross_entropy_rows(x, label, ignore, sm, loss, stats):
 
 @njit(**_JIT)
 def cross_entropy_grad_rows(sm, label, ignore, scale, out):
-    """``out = (sm - onehot(label)) * scale[row]`` per row of ``[rows, n]``, 0 on rows labelled
-    ``ignore``; ``out`` may be ``sm``."""
+    """``out = (sm - onehot(label)) * scale[row]`` per row of ``[rows, n]`` (``scale`` of one
+    entry: the same for every row), 0 on rows labelled ``ignore``; ``out`` may be ``sm``."""
     rows, n = sm.shape
+    one = scale.shape[0] == 1
     for i in range(rows):
         lab = label[i]
-        k = sm.dtype.type(0.0) if lab == ignore else scale[i]
+        k = sm.dtype.type(0.0) if lab == ignore else scale[0 if one else i]
         for j in range(n):
             out[i, j] = sm[i, j] * k
         if lab != ignore and 0 <= lab < n:
