@@ -1,5 +1,7 @@
 """Compiled kernels for softmax, layer_norm, relu (relu_ included) and gelu and their gradients,
-chosen once at import: the numba loops of :mod:`.numba_loops` when numba is installed
+cross entropy's rows and gradient (class axis last and whole on the rank) and training
+batch_norm and its gradient (channels last in memory: x 2-d or channels-last), chosen once at
+import: the numba loops of :mod:`.numba_loops` when numba is installed
 (``pip install "disttensor[fast]"``), else the numpy kernels.
 
 ``DISTTENSOR_KERNELS`` picks: ``auto`` (the default: numba when importable), ``numba`` (an
@@ -314,21 +316,18 @@ def batch_norm(numpy_kernel: Kernel) -> Kernel:
             return numpy_kernel(xp, x, running_mean, running_var, weight, bias, training,
                                 momentum, epsilon, data_format, ctx)
         red = tuple(range(x.ndim - 1))
-        gshape = ctx.global_shape(0, x.shape)
-        count = math.prod(gshape[a] for a in red)
+        count = math.prod(ctx.global_shape(0, x.shape)[a] for a in red)
         x2 = _rows(x, x.ndim - 1)
         loops = _loops()
         n = x2.shape[1]
-        sums = np.empty(n, x.dtype)
-        loops.bn_sum(x2, sums)
-        mean = ctx.allreduce(sums, "sum", 0, red) / count
-        loops.bn_centered_squares(x2, mean, sums)
-        var = ctx.allreduce(sums, "sum", 0, red) / count
+        sums = np.empty((2, n), np.float64)
+        loops.bn_moments(x2, sums)
+        sums = ctx.allreduce(sums, "sum", 0, red)
         w, b = _params(x, weight, bias, n)
-        rstd = np.empty_like(mean)
+        mean, rstd = np.empty(n, x.dtype), np.empty(n, x.dtype)
         out = np.empty_like(x)
-        loops.bn_forward(x2, mean, var, w, b, float(momentum), float(epsilon), running_mean,
-                         running_var, rstd, _rows(out, x.ndim - 1))
+        loops.bn_forward(x2, sums, float(count), w, b, float(momentum), float(epsilon),
+                         running_mean, running_var, mean, rstd, _rows(out, x.ndim - 1))
         return out, running_mean, running_var, mean, rstd
     return kernel
 

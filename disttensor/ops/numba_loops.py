@@ -1,5 +1,6 @@
 """Compiled loops (numba) behind :mod:`disttensor.ops.fast`: softmax, layer_norm, relu and gelu
-and their gradients, each a few passes over rows that stay in cache (or one elementwise pass).
+and their gradients, each a few passes over rows that stay in cache (or one elementwise pass);
+cross entropy's rows and gradient; batch_norm's per-channel sums and normalization.
 
 The loops take non-empty C-contiguous arrays of one dtype, float32 or float64: softmax and
 layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu and gelu flat
@@ -403,38 +404,44 @@ def cross_entropy_grad_rows(sm, label, ignore, scale, out):
 # -- batch_norm with the channels on the last axis of [rows, C] (x 2-d, or channels last) -----
 
 @njit(**_JIT)
-def bn_sum(x, sums):
-    """Per channel of ``[rows, C]``: ``sum(x)``."""
+def bn_moments(x, sums):
+    """Per channel of ``[rows, C]`` (rows > 0), in float64: ``sums[0]`` the sum of x,
+    ``sums[1]`` the sum of squares, as the sum of squares about the rounded channel mean c plus
+    ``c * (2 * sum - rows * c)`` (what ``norm.batch_moments`` all-reduces)."""
     rows, n = x.shape
+    c = np.empty(n, x.dtype)
     for j in range(n):
-        sums[j] = 0.0
+        sums[0, j] = 0.0
+        sums[1, j] = 0.0
     for i in range(rows):
         for j in range(n):
-            sums[j] += x[i, j]
+            sums[0, j] += x[i, j]
+    for j in range(n):
+        c[j] = sums[0, j] / rows
+    for i in range(rows):
+        for j in range(n):
+            d = x[i, j] - c[j]
+            sums[1, j] += d * d
+    for j in range(n):
+        cj = np.float64(c[j])
+        sums[1, j] += cj * (2.0 * sums[0, j] - rows * cj)
 
 
 @njit(**_JIT)
-def bn_centered_squares(x, mean, sums):
-    """Per channel of ``[rows, C]``: ``sum((x - mean) ** 2)``."""
-    rows, n = x.shape
-    for j in range(n):
-        sums[j] = 0.0
-    for i in range(rows):
-        for j in range(n):
-            d = x[i, j] - mean[j]
-            sums[j] += d * d
-
-
-@njit(**_JIT)
-def bn_forward(x, mean, var, w, b, momentum, eps, run_mean, run_var, rstd, out):
-    """The running statistics updated with the batch's ``mean`` and ``var``, ``rstd = 1 /
-    sqrt(var + eps)`` and ``out = (x - mean) * rstd * w + b`` per channel."""
+def bn_forward(x, sums, count, w, b, momentum, eps, run_mean, run_var, mean, rstd, out):
+    """From the batch's all-reduced ``sums`` (:func:`bn_moments`) over ``count`` elements per
+    channel: ``mean``, ``rstd = 1 / sqrt(var + eps)`` (biased var, >= 0), the running statistics
+    updated, ``out = (x - mean) * rstd * w + b``."""
     rows, n = x.shape
     scale = np.empty(n, x.dtype)
     for j in range(n):
-        run_mean[j] = momentum * run_mean[j] + (1.0 - momentum) * mean[j]
-        run_var[j] = momentum * run_var[j] + (1.0 - momentum) * var[j]
-        rstd[j] = x.dtype.type(1.0) / np.sqrt(var[j] + eps)
+        m = sums[0, j] / count
+        mj = x.dtype.type(m)
+        vj = x.dtype.type(max(sums[1, j] / count - m * m, 0.0))
+        mean[j] = mj
+        run_mean[j] = momentum * run_mean[j] + (1.0 - momentum) * mj
+        run_var[j] = momentum * run_var[j] + (1.0 - momentum) * vj
+        rstd[j] = x.dtype.type(1.0) / np.sqrt(vj + x.dtype.type(eps))
         scale[j] = rstd[j] * w[j]
     for i in range(rows):
         for j in range(n):

@@ -49,8 +49,8 @@ def ran(monkeypatch):
     if not HAVE_NUMBA:
         return calls
     from disttensor.ops import numba_loops
-    for name in ("cross_entropy_rows", "cross_entropy_grad_rows", "bn_sum",
-                 "bn_centered_squares", "bn_forward", "bn_grad_sums", "bn_grad_dx"):
+    for name in ("cross_entropy_rows", "cross_entropy_grad_rows", "bn_moments", "bn_forward",
+                 "bn_grad_sums", "bn_grad_dx"):
         loop = getattr(numba_loops, name)
         monkeypatch.setattr(numba_loops, name,
                             lambda *a, _loop=loop, _name=name: (calls.append(_name), _loop(*a)))
@@ -205,7 +205,7 @@ def test_batch_norm_training_and_grad(shape, fmt, dtype, kern, ran):
                                          data_format=fmt, ctx=DENSE_CTX)
     for g, r in zip((dx, dw, db), bn_grad_ref(x.astype(np.float64), w, dout)):
         np.testing.assert_allclose(g, r, **tol(dtype))
-    assert ran == (["bn_sum", "bn_centered_squares", "bn_forward", "bn_grad_sums", "bn_grad_dx"]
+    assert ran == (["bn_moments", "bn_forward", "bn_grad_sums", "bn_grad_dx"]
                    if compiled(kern) else [])
 
 
@@ -219,3 +219,25 @@ def test_batch_norm_channels_first_with_spatial_axes_takes_numpy(ran):
     ref = bn_ref(xl, np.zeros(3), np.ones(3), np.ones(3), np.zeros(3))[0]
     np.testing.assert_allclose(np.moveaxis(out, 1, -1), ref, rtol=1e-10, atol=1e-12)
     assert ran == []
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("rows_per_rank", [4, 1])
+def test_batch_norm_statistics_of_far_from_zero_data_on_uneven_pieces(rows_per_rank):
+    """x of mean 1e4 and spread 1 (float32), rows sharded unevenly over every rank: the batch
+    mean, variance, running statistics and output equal numpy's float64 ones (the pieces'
+    sums of squares are about their own means: no E[x^2] - mean^2 cancellation)."""
+    world = dt.get_world_size()
+    mesh = dt.ProcessMesh(list(range(world)), dim_names=["dp"])
+    rng = np.random.default_rng(7)
+    rows = rows_per_rank * world + 1
+    xg = (1e4 + rng.standard_normal((rows, 6))).astype(np.float32)
+    rm = dt.shard_tensor(np.zeros(6, np.float32), mesh, [dt.Replicate()])
+    rv = dt.shard_tensor(np.ones(6, np.float32), mesh, [dt.Replicate()])
+    out = F.batch_norm(dt.shard_tensor(xg, mesh, [dt.Shard(0)]), rm, rv, training=True,
+                       momentum=0.9, data_format="NC")
+    x64 = xg.astype(np.float64)
+    want = bn_ref(x64, np.zeros(6), np.ones(6), np.ones(6), np.zeros(6))
+    np.testing.assert_allclose(out.numpy(), want[0], rtol=0, atol=2e-3)
+    np.testing.assert_allclose(rm.numpy(), want[1], rtol=1e-6)
+    np.testing.assert_allclose(rv.numpy(), want[2], rtol=1e-4)
