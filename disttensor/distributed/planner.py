@@ -21,6 +21,7 @@ and dtypes, empty pieces, no kernel. Plans depend only on metadata, so the dispa
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 
@@ -46,16 +47,23 @@ class DistKernelCtx(KernelCtx):
     def __init__(self, metas, mesh: ProcessMesh, coord):
         self.metas, self.mesh, self.coord = metas, mesh, coord
         self._offsets: dict = {}  # input index -> this rank's offsets (plans are cached)
-        self._groups: dict = {}   # (input index, axes) -> the group reducing them, or None
+        # (input index, axes, op, shape, dtype) -> the prepared all-reduce, or None (no dims)
+        self._groups: dict = {}
 
     def allreduce(self, arr, op: str, input_index: int, axes):
-        key = (input_index, axes)
-        group = self._groups.get(key, self)
-        if group is self:
+        key = (input_index, axes, op, arr.shape, arr.dtype)
+        run = self._groups.get(key, self)
+        if run is self:
             attr = self.metas[input_index].dist_attr
             dims = tuple(sorted(m for a in axes for m in attr.dims_mapping[a]))
-            group = self._groups[key] = group_over(self.mesh, dims) if dims else None
-        return arr if group is None else group.all_reduce(arr, op)
+            run = None
+            if dims:
+                group = group_over(self.mesh, dims)
+                prepare = getattr(group, "prepare", None)  # a one-rank group has none
+                run = prepare("all_reduce", arr.shape, arr.dtype, op=op) if prepare else \
+                    partial(group.all_reduce, op=op)
+            self._groups[key] = run
+        return arr if run is None else run(arr)
 
     def offset(self, input_index: int, axis: int) -> int:
         offsets = self._offsets.get(input_index)
