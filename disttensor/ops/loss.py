@@ -4,7 +4,9 @@
 The fused ``cross_entropy`` kernel never needs the whole class axis: it all-reduces (through
 ``ctx``) the row max, the row sum of ``exp(x - max)`` and the logit picked by the label, which
 only the piece holding the label's class contributes. Dense (``DENSE_CTX``) these reductions are
-identities and the kernel is the plain single-process computation.
+identities and the kernel is the plain single-process computation. ``cross_entropy_mean`` (what
+``F.cross_entropy`` calls for the mean over hard labels without weights) also reduces over the
+batch: the loss sum, the label count and the out-of-range count in one all-reduce.
 """
 from __future__ import annotations
 
