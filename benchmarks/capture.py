@@ -11,7 +11,10 @@ Prints JSON on rank 0:
   the optimizer's states, so the second call captures once more);
 * ``vs_hand``: the train.py MLP step with SGD (no dropout) captured, beside the same sharding
   written by hand with numpy and raw mpi4py collectives (``benchmarks/mlp_step.py``):
-  ``ratio`` = captured / hand (targets: <= 2 at the default size, <= 1.1 at the larger);
+  ``ratio`` = captured / hand (targets: <= 2 at the default size, <= 1.1 at the larger), and
+  the collectives of one step on each side (the hand-written step issues what a careful hand
+  would: one all-reduce each for the batch statistics, the logits, the loss, batch_norm's
+  gradient sums and the bucket of data-parallel gradients);
 * ``replay_overhead_us_per_op``: a captured chain of small elementwise ops ([64, 64] float32)
   replayed, minus the same numpy calls made directly, per op (target <= 2 us).
 """

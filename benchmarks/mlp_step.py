@@ -9,6 +9,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import Replicate, Shard
@@ -29,8 +30,8 @@ def _mesh_shape(world: int) -> tuple[int, int]:
     return (2, 2) if world == 4 else (world, 1)
 
 
-def dt_mlp_steps(s: Sizes, steps: int, lr: float, captured: bool = False):
-    """(initial state, losses, step times) of ``steps`` disttensor steps."""
+def dt_mlp_step(s: Sizes, lr: float, captured: bool = False):
+    """(initial state, step): ``step()`` runs one disttensor step and returns its loss."""
     import train
 
     dt.seed(1)
@@ -44,6 +45,7 @@ def dt_mlp_steps(s: Sizes, steps: int, lr: float, captured: bool = False):
     xg, yg = _data(s)
     x = dt.shard_tensor(xg, mesh, [Shard(0), Replicate()])
     y = dt.shard_tensor(yg, mesh, [Shard(0), Replicate()])
+
     def step(x, y):
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -52,19 +54,21 @@ def dt_mlp_steps(s: Sizes, steps: int, lr: float, captured: bool = False):
         return loss
     if captured:
         step = dt.jit.to_static(step)
-    losses, times = [], []
-    for _ in range(steps):
-        MPI.COMM_WORLD.Barrier()
-        t0 = time.perf_counter()
-        lv = float(step(x, y).numpy())
-        times.append(time.perf_counter() - t0)
-        losses.append(lv)
-    return init, losses, times
+    return init, lambda: float(step(x, y).numpy())
 
 
-def hand_mlp_steps(s: Sizes, init: dict, steps: int, lr: float, eps: float = 1e-5,
-                   momentum: float = 0.9):
-    """The same model and sharding written by hand: numpy kernels, raw mpi4py collectives."""
+def _spans(arrays):
+    """(array, start, end) of each array's elements in their concatenation."""
+    start = 0
+    for a in arrays:
+        yield a, start, start + a.size
+        start += a.size
+
+
+def hand_mlp_step(s: Sizes, init: dict, lr: float, eps: float = 1e-5, momentum: float = 0.9):
+    """The same model and sharding written by hand: numpy kernels, raw mpi4py collectives.
+    Returns (step, calls): ``step()`` runs one step and returns its loss; ``calls[0]`` counts
+    the all-reduces over more than one rank so far."""
     comm = MPI.COMM_WORLD
     world, rank = comm.Get_size(), comm.Get_rank()
     dp, mp = _mesh_shape(world)
@@ -88,15 +92,15 @@ def hand_mlp_steps(s: Sizes, init: dict, steps: int, lr: float, eps: float = 1e-
     xg, yg = _data(s)
     x, y = xg[rows], yg[rows]
     B = s.batch
-    losses, times = [], []
+    calls = [0]
+    state = {"rm": rm, "rv": rv}
 
     def allreduce(c, a):
         c.Allreduce(MPI.IN_PLACE, a)
+        calls[0] += c.Get_size() > 1
         return a
 
-    for _ in range(steps):
-        comm.Barrier()
-        t0 = time.perf_counter()
+    def step() -> float:
         z = x @ w1 + b1
         st = allreduce(dp_comm, np.stack([z.sum(0), (z * z).sum(0)]))
         mean = st[0] / B
@@ -118,31 +122,40 @@ def hand_mlp_steps(s: Sizes, init: dict, steps: int, lr: float, eps: float = 1e-
         dh = (dlog @ w2.T) * (bn > 0)
         dsum = allreduce(dp_comm, np.stack([(dh * xhat).sum(0), dh.sum(0)]))
         dg, dbeta = dsum[0], dsum[1]
-        dxhat = dh * g
-        s2 = allreduce(dp_comm, np.stack([dxhat.sum(0), (dxhat * xhat).sum(0)]))
-        dz = rstd * (dxhat - s2[0] / B - xhat * s2[1] / B)
+        dxhat = dh * g  # sum(dxhat) = g * dbeta, sum(dxhat * xhat) = g * dg: no 2nd all-reduce
+        dz = rstd * (dxhat - g * dbeta / B - xhat * (g * dg) / B)
         gw1, gb1 = x.T @ dz, dz.sum(0)
-        gw1 = allreduce(dp_comm, gw1)
-        gb1 = allreduce(dp_comm, gb1)
-        gw2 = allreduce(dp_comm, gw2)
-        gb2 = allreduce(dp_comm, gb2)
-        rm = momentum * rm + (1 - momentum) * mean
-        rv = momentum * rv + (1 - momentum) * var
+        # the dp gradients in one all-reduce, as a careful hand would bucket them
+        flat = allreduce(dp_comm, np.concatenate([gw1.ravel(), gb1, gw2.ravel(), gb2]))
+        gw1, gb1, gw2, gb2 = (flat[a:b].reshape(t.shape) for t, a, b in _spans(
+            (gw1, gb1, gw2, gb2)))
+        state["rm"] = momentum * state["rm"] + (1 - momentum) * mean
+        state["rv"] = momentum * state["rv"] + (1 - momentum) * var
         for prm, grd in ((w1, gw1), (b1, gb1), (g, dg), (beta, dbeta), (w2, gw2), (b2, gb2)):
             prm -= lr * grd
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss))
-    return losses, times
+        return float(loss)
+    return step, calls
 
 
 def bench_mlp(s: Sizes, steps: int, lr: float = 0.1, captured: bool = False) -> dict:
-    """Median step times (after 2 warm-up steps) of disttensor and of the hand-written step."""
-    init, ours_loss, ours_t = dt_mlp_steps(s, steps, lr, captured)
-    hand_loss, hand_t = hand_mlp_steps(s, init, steps, lr)
+    """Median step times (after 2 warm-up steps) of disttensor and of the hand-written step,
+    run alternately (load on the machine hits both alike), and the collectives of one step."""
+    init, ours = dt_mlp_step(s, lr, captured)
+    hand, calls = hand_mlp_step(s, init, lr)
+    runs = {"ours": (ours, [], []), "hand": (hand, [], [])}
+    coll = {}
+    for _ in range(steps):
+        for name, (step, losses, times) in runs.items():
+            MPI.COMM_WORLD.Barrier()
+            before = sum(collectives.collective_counts().values()) + calls[0]
+            t0 = time.perf_counter()
+            losses.append(step())
+            times.append(time.perf_counter() - t0)
+            coll[name] = sum(collectives.collective_counts().values()) + calls[0] - before
+    (_, ours_loss, ours_t), (_, hand_loss, hand_t) = runs["ours"], runs["hand"]
     t_ours, t_hand = float(np.median(ours_t[2:])), float(np.median(hand_t[2:]))
     diff = np.max(np.abs(np.array(ours_loss) - np.array(hand_loss)) / np.abs(hand_loss))
     return {"batch": s.batch, "din": s.din, "hidden": s.hidden, "classes": s.classes,
             "ours_ms": round(t_ours * 1e3, 3), "hand_ms": round(t_hand * 1e3, 3),
-            "ratio": round(t_ours / t_hand, 3), "loss_max_rel_diff": float(f"{diff:.2e}")}
-
-
+            "ratio": round(t_ours / t_hand, 3), "loss_max_rel_diff": float(f"{diff:.2e}"),
+            "ours_collectives": coll["ours"], "hand_collectives": coll["hand"]}

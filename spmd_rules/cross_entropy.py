@@ -4,11 +4,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name,
+from .base import (DistAttr, SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name,
                    register_rule)
 from .einsum import layout, merge_shardings
 
-__all__ = ["cross_entropy", "cross_entropy_grad"]
+__all__ = ["cross_entropy", "cross_entropy_grad", "cross_entropy_mean",
+           "cross_entropy_mean_grad"]
 
 
 def _notations(op: str, logits: TensorMeta, label: TensorMeta, attrs: Mapping[str, Any]):
@@ -69,3 +70,33 @@ def cross_entropy_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, A
     sa = layout(sm_not, merged, mesh)
     return SpmdResult((sa, layout(label_not, merged, mesh), layout(loss_not, merged, mesh)),
                       (TensorMeta(sm.shape, sa),))
+
+
+@register_rule("cross_entropy_mean")
+def cross_entropy_mean(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs and attrs as cross_entropy -> (softmax like logits, loss [], count []): the loss
+    averaged over the labels not ignored and their count, both replicated (the kernel
+    all-reduces the batch's sums over the mesh dims sharding the batch axes)."""
+    op = op_name(attrs, "cross_entropy_mean")
+    res = cross_entropy(metas, {**attrs, "op": op})
+    la, lab = res.inputs
+    scalar = TensorMeta((), DistAttr(la.mesh_shape, (), ()))
+    return SpmdResult((la, lab), (res.outputs[0], scalar, scalar))
+
+
+@register_rule("cross_entropy_mean_grad")
+def cross_entropy_mean_grad(metas: Sequence[TensorMeta | None],
+                            attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (softmax [*B, C], label, count [], dloss []) -> dlogits like softmax: the layouts
+    of cross_entropy for softmax and label, count and dloss replicated."""
+    op = op_name(attrs, "cross_entropy_mean_grad")
+    if len(metas) != 4 or any(m is None for m in metas):
+        raise ValueError(f"{op}: expected inputs (softmax, label, count, dloss), got "
+                         f"{list(metas)}")
+    for name, m in (("count", metas[2]), ("dloss", metas[3])):
+        if tuple(m.shape) != ():
+            raise ValueError(f"{op}: {name} must be a scalar, got shape {m.shape}")
+    res = cross_entropy(metas[:2], {**attrs, "op": op})
+    sa, lab = res.inputs
+    rep = DistAttr(sa.mesh_shape, (), ())
+    return SpmdResult((sa, lab, rep, rep), (res.outputs[0],))

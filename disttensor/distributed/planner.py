@@ -21,6 +21,7 @@ and dtypes, empty pieces, no kernel. Plans depend only on metadata, so the dispa
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 
@@ -41,18 +42,28 @@ class DistKernelCtx(KernelCtx):
     """KernelCtx for this rank's pieces: offsets and global shapes from the required layouts,
     all-reduces over the mesh dims that shard the named axes."""
 
-    __slots__ = ("metas", "mesh", "coord", "_offsets")
+    __slots__ = ("metas", "mesh", "coord", "_offsets", "_groups")
 
     def __init__(self, metas, mesh: ProcessMesh, coord):
         self.metas, self.mesh, self.coord = metas, mesh, coord
         self._offsets: dict = {}  # input index -> this rank's offsets (plans are cached)
+        # (input index, axes, op, shape, dtype) -> the prepared all-reduce, or None (no dims)
+        self._groups: dict = {}
 
     def allreduce(self, arr, op: str, input_index: int, axes):
-        attr = self.metas[input_index].dist_attr
-        dims = tuple(sorted(m for a in axes for m in attr.dims_mapping[a]))
-        if not dims:
-            return arr
-        return group_over(self.mesh, dims).all_reduce(arr, op)
+        key = (input_index, axes, op, arr.shape, arr.dtype)
+        run = self._groups.get(key, self)
+        if run is self:
+            attr = self.metas[input_index].dist_attr
+            dims = tuple(sorted(m for a in axes for m in attr.dims_mapping[a]))
+            run = None
+            if dims:
+                group = group_over(self.mesh, dims)
+                prepare = getattr(group, "prepare", None)  # a one-rank group has none
+                run = prepare("all_reduce", arr.shape, arr.dtype, op=op) if prepare else \
+                    partial(group.all_reduce, op=op)
+            self._groups[key] = run
+        return arr if run is None else run(arr)
 
     def offset(self, input_index: int, axis: int) -> int:
         offsets = self._offsets.get(input_index)

@@ -1,5 +1,7 @@
 """Compiled kernels for softmax, layer_norm, relu (relu_ included) and gelu and their gradients,
-and Adam's elementwise update, chosen once at import: the numba loops of :mod:`.numba_loops` when numba is installed
+and Adam's elementwise update; cross entropy's rows and gradient (class axis last and whole on
+the rank) and training batch_norm and its gradient (channels last in memory: x 2-d or
+channels-last), chosen once at import: the numba loops of :mod:`.numba_loops` when numba is installed
 (``pip install "disttensor[fast]"``), else the numpy kernels.
 
 ``DISTTENSOR_KERNELS`` picks: ``auto`` (the default: numba when importable), ``numba`` (an
@@ -25,7 +27,8 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["BACKEND", "softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "relu",
-           "relu_grad", "gelu", "gelu_grad", "adam"]
+           "relu_grad", "gelu", "gelu_grad", "adam", "cross_entropy_rows", "cross_entropy_grad",
+           "batch_norm", "batch_norm_grad"]
 
 Kernel = Callable[..., Any]
 
@@ -256,4 +259,114 @@ def adam(numpy_kernel: Kernel) -> Kernel:
                           moment2.reshape(-1), *(float(c) for c in scalars))
             return
         numpy_kernel(xp, param, grad, moment1, moment2, *scalars)
+    return kernel
+
+
+# -- cross entropy (hard labels, whole class axis) ------------------------------------------
+
+def _whole_classes(xp, x, label, axis, ctx) -> bool:
+    """The rows of a cross entropy call a loop can take: float x (see :func:`_floats`) whose
+    last axis holds the classes, all of them on this rank (no class offset, no collective), and
+    a numpy integer label with one entry per row."""
+    return (axis == x.ndim - 1 and _floats(xp, x) and type(label) is np.ndarray
+            and label.dtype.kind in "iu" and label.size * x.shape[-1] == x.size
+            and ctx.global_shape(0, x.shape)[axis] == x.shape[axis])
+
+
+def cross_entropy_rows(numpy_rows: Kernel) -> Kernel:
+    """``rows(xp, logits, label, axis, ignore_index, ctx) -> (softmax, loss, stats)``."""
+    @_compiled(numpy_rows)
+    def rows(xp, logits, label, axis, ignore_index, ctx):
+        if not _whole_classes(xp, logits, label, axis, ctx):
+            return numpy_rows(xp, logits, label, axis, ignore_index, ctx)
+        n = logits.shape[-1]
+        sm = np.empty_like(logits)
+        loss = np.empty(logits.shape[:-1] + (1,), logits.dtype)
+        stats = np.empty(3, np.float64)
+        _loops().cross_entropy_rows(logits.reshape(-1, n), label.reshape(-1),
+                                    int(ignore_index), sm.reshape(-1, n), loss.reshape(-1),
+                                    stats)
+        return sm, loss, stats
+    return rows
+
+
+def cross_entropy_grad(numpy_kernel: Kernel) -> Kernel:
+    """``cross_entropy_grad(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None)``;
+    ``out`` may be softmax."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None):
+        if not (_whole_classes(xp, softmax, label, axis, ctx) and _fits(xp, softmax, out)):
+            return numpy_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=out)
+        n = softmax.shape[-1]
+        scale = np.asarray(dloss, softmax.dtype).reshape(-1)  # per row, or one for all
+        if scale.size != 1 and scale.size * n != softmax.size:
+            scale = np.broadcast_to(dloss, softmax.shape[:-1] + (1,)).astype(softmax.dtype)
+        if out is None:
+            out = np.empty_like(softmax)
+        _loops().cross_entropy_grad_rows(softmax.reshape(-1, n), label.reshape(-1),
+                                         int(ignore_index), scale.reshape(-1),
+                                         out.reshape(-1, n))
+        return out
+    return kernel
+
+
+# -- batch_norm (training) with the channels last in memory --------------------------------
+
+def _bn_rows(xp, x, data_format, *params) -> bool:
+    """A training batch_norm call the loops take: float x (:func:`_floats`) of at least 2 dims
+    whose channel axis is its last axis in memory (2-d, or a channels-last format), the
+    per-channel arrays (None among them skipped) of x's dtype and contiguous."""
+    return (x.ndim >= 2 and (x.ndim == 2 or data_format in ("NLC", "NHWC", "NDHWC"))
+            and _floats(xp, x, *params))
+
+
+def batch_norm(numpy_kernel: Kernel) -> Kernel:
+    """``batch_norm(xp, x, running_mean, running_var, weight, bias, training, momentum, epsilon,
+    data_format, ctx) -> (out, running_mean, running_var, mean, rstd)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, running_mean, running_var, weight, bias, training, momentum, epsilon,
+               data_format, ctx):
+        if not (training and _bn_rows(xp, x, data_format, running_mean, running_var, weight,
+                                      bias)):
+            return numpy_kernel(xp, x, running_mean, running_var, weight, bias, training,
+                                momentum, epsilon, data_format, ctx)
+        red = tuple(range(x.ndim - 1))
+        count = math.prod(ctx.global_shape(0, x.shape)[a] for a in red)
+        x2 = _rows(x, x.ndim - 1)
+        loops = _loops()
+        n = x2.shape[1]
+        sums = np.empty((2, n), np.float64)
+        loops.bn_moments(x2, sums)
+        sums = ctx.allreduce(sums, "sum", 0, red)
+        w, b = _params(x, weight, bias, n)
+        mean, rstd = np.empty(n, x.dtype), np.empty(n, x.dtype)
+        out = np.empty_like(x)
+        loops.bn_forward(x2, sums, float(count), w, b, float(momentum), float(epsilon),
+                         running_mean, running_var, mean, rstd, _rows(out, x.ndim - 1))
+        return out, running_mean, running_var, mean, rstd
+    return kernel
+
+
+def batch_norm_grad(numpy_kernel: Kernel) -> Kernel:
+    """``batch_norm_grad(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats,
+    data_format, ctx) -> (dx, dweight, dbias)``."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats, data_format, ctx):
+        if use_global_stats or dout.shape != x.shape or not _bn_rows(
+                xp, x, data_format, weight, saved_mean, saved_rstd, dout):
+            return numpy_kernel(xp, x, weight, saved_mean, saved_rstd, dout, use_global_stats,
+                                data_format, ctx)
+        red = tuple(range(x.ndim - 1))
+        count = math.prod(ctx.global_shape(0, x.shape)[a] for a in red)
+        x2, dout2 = _rows(x, x.ndim - 1), _rows(dout, x.ndim - 1)
+        n = x2.shape[1]
+        loops = _loops()
+        sums = np.empty((2, n), x.dtype)
+        loops.bn_grad_sums(x2, saved_mean, saved_rstd, dout2, sums)
+        sums = ctx.allreduce(sums, "sum", 0, red)
+        w, _ = _params(x, weight, None, n)
+        dx = np.empty_like(x)
+        loops.bn_grad_dx(x2, saved_mean, saved_rstd, w, dout2, sums, float(count),
+                         _rows(dx, x.ndim - 1))
+        return dx, sums[1], sums[0]
     return kernel

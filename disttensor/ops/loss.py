@@ -4,7 +4,9 @@
 The fused ``cross_entropy`` kernel never needs the whole class axis: it all-reduces (through
 ``ctx``) the row max, the row sum of ``exp(x - max)`` and the logit picked by the label, which
 only the piece holding the label's class contributes. Dense (``DENSE_CTX``) these reductions are
-identities and the kernel is the plain single-process computation.
+identities and the kernel is the plain single-process computation. ``cross_entropy_mean`` (what
+``F.cross_entropy`` calls for the mean over hard labels without weights) also reduces over the
+batch: the loss sum, the label count and the out-of-range count in one all-reduce.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 from ..dispatch import apply
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
+from . import fast
 from .activation import log_softmax, softmax
 from .common import as_tensor, check_index_range, normalize_axis
 from .elementwise import (cast, divide, log, maximum, multiply, neg, not_equal, scale, subtract,
@@ -31,13 +34,13 @@ def _keep_shape(shape, axis):
     return tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1:])
 
 
-def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
-    """(softmax, loss) with loss shaped like logits with the class axis reduced to 1; rows whose
-    label is ``ignore_index`` get loss 0."""
+def _ce_rows(xp, logits, label, axis, ignore_index, ctx):
+    """(softmax, loss, stats) of this rank's rows, with no label check: loss shaped like logits
+    with the class axis reduced to 1, 0 on rows labelled ``ignore_index``; ``stats`` the float64
+    [sum of loss, rows not ignored, of those the ones whose label is outside [0, C)] (this
+    piece's counts, not reduced over the batch). An out-of-range label picks no logit."""
     keep = _keep_shape(logits.shape, axis)
     n_cls = ctx.global_shape(0, logits.shape)[axis]
-    check_index_range(xp, ctx, "cross_entropy", "label value", label, n_cls, 1,
-                      label != ignore_index, f" (ignore_index={ignore_index})")
     lab = label.reshape(keep)
     valid = lab != ignore_index
     c_local = logits.shape[axis]
@@ -59,7 +62,43 @@ def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
     picked = ctx.allreduce(picked, "sum", 0, (axis,))
     loss = xp.where(valid, xp.log(s) + m - picked, 0).astype(logits.dtype, copy=False)
     e /= s
+    stats = xp.empty(3, dtype=np.float64)
+    stats[0] = loss.sum(dtype=np.float64)
+    stats[1] = xp.count_nonzero(valid)
+    stats[2] = xp.count_nonzero(valid & ((lab < 0) | (lab >= n_cls)))
+    return e, loss, stats
+
+
+_ce_rows = fast.cross_entropy_rows(_ce_rows)
+
+
+def _check_labels(xp, ctx, logits, label, axis, ignore_index) -> None:
+    check_index_range(xp, ctx, "cross_entropy", "label value", label,
+                      ctx.global_shape(0, logits.shape)[axis], 1, label != ignore_index,
+                      f" (ignore_index={ignore_index})")
+
+
+def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
+    """(softmax, loss) with loss shaped like logits with the class axis reduced to 1; rows whose
+    label is ``ignore_index`` get loss 0."""
+    _check_labels(xp, ctx, logits, label, axis, ignore_index)
+    e, loss, _ = _ce_rows(xp, logits, label, axis, ignore_index, ctx)
     return e, loss
+
+
+def _ce_mean_kernel(xp, logits, label, axis, ignore_index, ctx):
+    """(softmax, loss, count): ``count`` the labels not ignored over the whole batch, ``loss``
+    the sum of their losses over ``max(count, 1)``. The sum, the count and the number of
+    out-of-range labels are all-reduced together over the batch's mesh dims (the one
+    collective); only when that number is not 0 does every rank run the label check, which
+    names the value and raises everywhere."""
+    e, _, stats = _ce_rows(xp, logits, label, axis, ignore_index, ctx)
+    batch = tuple(a for a in range(logits.ndim) if a != axis)
+    stats = ctx.allreduce(stats, "sum", 0, batch)
+    total, count, bad = (float(v) for v in stats)
+    if bad:
+        _check_labels(xp, ctx, logits, label, axis, ignore_index)
+    return e, xp.asarray(total / max(count, 1.0), logits.dtype), xp.asarray(count, logits.dtype)
 
 
 def _ce_grad_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None):
@@ -77,6 +116,13 @@ def _ce_grad_kernel(xp, softmax, label, dloss, axis, ignore_index, ctx, out=None
     return r
 
 
+def _ce_mean_grad_kernel(xp, softmax, label, count, dloss, axis, ignore_index, ctx, out=None):
+    """dlogits of the mean loss: ``_ce_grad_kernel`` with every row's dloss ``dloss / max(count,
+    1)``. ``out`` may be softmax."""
+    return _ce_grad_kernel(xp, softmax, label, dloss / xp.maximum(count, 1), axis, ignore_index,
+                           ctx, out=out)
+
+
 def _ce_bwd(node, g_softmax, g_loss):
     if g_loss is None:
         return None, None
@@ -84,11 +130,24 @@ def _ce_bwd(node, g_softmax, g_loss):
     return apply(OPS["cross_entropy_grad"], (sm, label, g_loss), node.attrs), None
 
 
+def _ce_mean_bwd(node, g_softmax, g_loss, g_count):
+    if g_loss is None:
+        return None, None
+    label, sm, count = (node.saved_tensor(i) for i in range(3))
+    return apply(OPS["cross_entropy_mean_grad"], (sm, label, count, g_loss), node.attrs), None
+
+
+_ce_grad_kernel = fast.cross_entropy_grad(_ce_grad_kernel)
 register("cross_entropy_grad", _ce_grad_kernel, rule="cross_entropy_grad", needs_ctx=True,
          reuse=(0,), dtype=same_dtype(0), accepts_out=True)
 register("cross_entropy", _ce_kernel, backward=_ce_bwd, rule="cross_entropy", n_out=2,
          save_inputs=(1,), save_outputs=(0,), nondiff_outputs=frozenset({0}), grad_inputs=(0,),
          needs_ctx=True, no_need_buffer=(0,), dtype=same_dtype(0, n_out=2))
+register("cross_entropy_mean_grad", _ce_mean_grad_kernel, rule="cross_entropy_mean_grad",
+         needs_ctx=True, reuse=(0,), dtype=same_dtype(0), accepts_out=True)
+register("cross_entropy_mean", _ce_mean_kernel, backward=_ce_mean_bwd, rule="cross_entropy_mean",
+         n_out=3, save_inputs=(1,), save_outputs=(0, 2), nondiff_outputs=frozenset({0, 2}),
+         grad_inputs=(0,), needs_ctx=True, no_need_buffer=(0,), dtype=same_dtype(0, n_out=3))
 
 
 # -- public functions ------------------------------------------------------------------------
@@ -217,8 +276,10 @@ def cross_entropy(input: Tensor, label: Tensor, weight: Tensor | None = None,
         label = _check_soft_label(op, x, label)
 
     if isinstance(label, Tensor) and np.dtype(label.dtype).kind in "iu":
-        loss = apply(OPS["cross_entropy"], (x, label),
-                     {"axis": axis, "ignore_index": int(ignore_index)})[1]
+        attrs = {"axis": axis, "ignore_index": int(ignore_index)}
+        if reduction == "mean" and weight is None:  # the mean, its count and the label check
+            return apply(OPS["cross_entropy_mean"], (x, label), attrs)[1]  # in one all-reduce
+        loss = apply(OPS["cross_entropy"], (x, label), attrs)[1]
     else:
         logp = log_softmax(x, axis) if use_softmax else log(x)
         loss = _soft_ce(logp, label, axis)

@@ -8,8 +8,10 @@ sums (never x itself), so a batch-sharded x gives global batch statistics.
 Variance convention (as in Paddle): the *biased* batch variance (divide by the element count
 ``n``) both normalizes the batch and enters the running update
 ``running = momentum * running + (1 - momentum) * batch_stat``.
-The batch statistics are computed in two passes (sum -> mean, then sum of centered squares),
-which is numerically sound and costs two all-reduces of ``[C]`` values each.
+Each piece computes its per-channel sum (float64) and its sum of squares about its own mean
+(two local passes); one all-reduce of ``[2, C]`` float64 values combines them
+(:func:`batch_moments`, Chan's parallel variance), so only the spread of the pieces' means
+around the batch mean cancels, never x's magnitude.
 """
 from __future__ import annotations
 
@@ -162,6 +164,22 @@ def _channel_dot(xp, a, b, red: tuple[int, ...]):
     return xp.einsum(f"{letters},{letters}->{keep}", a, b)
 
 
+def batch_moments(xp, ctx, red: tuple[int, ...], total, m2, c, n: int, count: int):
+    """[mean, biased variance] (float64, per channel) of the whole batch from this piece's
+    per-channel sum ``total``, its sum of squares about ``c`` (``m2``, c near the piece's mean),
+    its ``n`` elements per channel and the batch's ``count``, with one all-reduce over the mesh dims sharding the axes
+    ``red``: of [sum, sum of squares] where this piece's sum of squares is ``m2 + c * (2 * total
+    - n * c)`` in float64. Only the pieces' means are squared, so the cancellation in ``E[x^2] -
+    mean^2`` is that of their spread around the global mean (Chan's parallel variance), not of
+    x's."""
+    c = c.astype(np.float64)
+    sums = ctx.allreduce(xp.stack([total, m2 + c * (2.0 * total - n * c)]), "sum", 0, red)
+    mean = sums[0] / count
+    sums[1] = xp.maximum(sums[1] / count - mean * mean, 0.0)
+    sums[0] = mean
+    return sums
+
+
 def _batch_norm_kernel(xp, x, running_mean, running_var, weight, bias, training, momentum,
                        epsilon, data_format, ctx):
     """``training``: normalize with the batch statistics and update the running ones in place;
@@ -169,11 +187,14 @@ def _batch_norm_kernel(xp, x, running_mean, running_var, weight, bias, training,
     saved_mean, saved_rstd)."""
     red, bshape = _bn_layout(x, data_format)
     if training:
-        gshape = ctx.global_shape(0, x.shape)
-        count = _prod(gshape[a] for a in red)
-        mean = ctx.allreduce(xp.sum(x, axis=red), "sum", 0, red) / count
+        n = _prod(x.shape[a] for a in red)
+        count = _prod(ctx.global_shape(0, x.shape)[a] for a in red)
+        total = xp.sum(x, axis=red, dtype=np.float64)
+        c = (total / max(n, 1)).astype(x.dtype)
+        xc = x - c.reshape(bshape)
+        moments = batch_moments(xp, ctx, red, total, _channel_dot(xp, xc, xc, red), c, n, count)
+        mean, var = moments[0].astype(x.dtype), moments[1].astype(x.dtype)
         xc = x - mean.reshape(bshape)
-        var = ctx.allreduce(_channel_dot(xp, xc, xc, red), "sum", 0, red) / count
         running_mean[...] = momentum * running_mean + (1.0 - momentum) * mean
         running_var[...] = momentum * running_var + (1.0 - momentum) * var
     else:
@@ -227,8 +248,8 @@ def _bn_dtype(dtypes, attrs) -> tuple:
     return x, np.dtype(dtypes[1]), np.dtype(dtypes[2]), x, x
 
 
-register("batch_norm_grad", _batch_norm_grad_kernel, rule="batch_norm_grad", n_out=3,
-         needs_ctx=True, dtype=_bn_grad_dtype)
+register("batch_norm_grad", fast.batch_norm_grad(_batch_norm_grad_kernel),
+         rule="batch_norm_grad", n_out=3, needs_ctx=True, dtype=_bn_grad_dtype)
 _BN_SPEC = dict(backward=_batch_norm_bwd, rule="batch_norm", n_out=5, save_inputs=(0, 3),
                 save_outputs=(3, 4), nondiff_outputs=frozenset({1, 2, 3, 4}),
                 grad_inputs=(0, 3, 4), needs_ctx=True, dtype=_bn_dtype)
@@ -236,7 +257,7 @@ _BN_SPEC = dict(backward=_batch_norm_bwd, rule="batch_norm", n_out=5, save_input
 # place: outputs 1 and 2 *are* those tensors (mean -> mean_out, variance -> variance_out, as
 # Paddle's batch_norm_). Inference: the same kernel writes nothing; its outputs 1 and 2 are
 # views of the running statistics.
-register("batch_norm", _batch_norm_kernel, mutates=((1, 1), (2, 2)), **_BN_SPEC)
+register("batch_norm", fast.batch_norm(_batch_norm_kernel), mutates=((1, 1), (2, 2)), **_BN_SPEC)
 register("batch_norm_infer", _batch_norm_kernel, view=((1, 1), (2, 2)), **_BN_SPEC)
 
 

@@ -1,6 +1,7 @@
 """Compiled loops (numba) behind :mod:`disttensor.ops.fast`: softmax, layer_norm, relu and gelu
-and their gradients, each a few passes over rows that stay in cache (or one elementwise pass),
-and Adam's update (one pass, in place).
+and their gradients, each a few passes over rows that stay in cache (or one elementwise pass);
+Adam's update (one pass, in place); cross entropy's rows and gradient; batch_norm's per-channel
+sums and normalization.
 
 The loops take non-empty C-contiguous arrays of one dtype, float32 or float64: softmax and
 layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu, gelu and adam
@@ -403,3 +404,133 @@ def adam(p, g, m, v, beta1, beta2, eps, l2, decay, step):
         m[i] = mi
         v[i] = vi
         p[i] = pi * d - s * (mi / (math.sqrt(vi) + e))
+
+
+# -- cross entropy (hard labels, whole class axis) ------------------------------------------
+
+@njit(**_JIT)
+def cross_entropy_rows(x, label, ignore, sm, loss, stats):
+    """Per row of ``[rows, n]`` logits with ``label`` [rows]: ``sm`` the softmax, ``loss``
+    ``log(sum(exp(x - max))) + max - x[label]`` (0 where the label is ``ignore`` or outside
+    [0, n)); ``stats`` = [sum of loss (float64), rows not ignored, of those out of range]."""
+    rows, n = x.shape
+    total = 0.0
+    n_valid = 0
+    n_bad = 0
+    for i in range(rows):
+        mi = x[i, 0]
+        for j in range(n):
+            mi = _maxnum(mi, x[i, j])
+        for j in range(n):
+            sm[i, j] = _exp(x[i, j] - mi)
+        s = x.dtype.type(0.0)
+        for j in range(n):
+            s += sm[i, j]
+        inv = x.dtype.type(1.0) / s
+        for j in range(n):
+            sm[i, j] *= inv
+        lab = label[i]
+        li = x.dtype.type(0.0)
+        if lab != ignore:
+            n_valid += 1
+            if 0 <= lab < n:
+                li = np.log(s) + mi - x[i, lab]
+            else:
+                n_bad += 1
+        loss[i] = li
+        total += li
+    stats[0] = total
+    stats[1] = n_valid
+    stats[2] = n_bad
+
+
+@njit(**_JIT)
+def cross_entropy_grad_rows(sm, label, ignore, scale, out):
+    """``out = (sm - onehot(label)) * scale[row]`` per row of ``[rows, n]`` (``scale`` of one
+    entry: the same for every row), 0 on rows labelled ``ignore``; ``out`` may be ``sm``."""
+    rows, n = sm.shape
+    one = scale.shape[0] == 1
+    for i in range(rows):
+        lab = label[i]
+        k = sm.dtype.type(0.0) if lab == ignore else scale[0 if one else i]
+        for j in range(n):
+            out[i, j] = sm[i, j] * k
+        if lab != ignore and 0 <= lab < n:
+            out[i, lab] -= k
+
+
+# -- batch_norm with the channels on the last axis of [rows, C] (x 2-d, or channels last) -----
+
+@njit(**_JIT)
+def bn_moments(x, sums):
+    """Per channel of ``[rows, C]`` (rows > 0), in float64: ``sums[0]`` the sum of x,
+    ``sums[1]`` the sum of squares, as the sum of squares about the rounded channel mean c plus
+    ``c * (2 * sum - rows * c)`` (what ``norm.batch_moments`` all-reduces)."""
+    rows, n = x.shape
+    c = np.empty(n, x.dtype)
+    for j in range(n):
+        sums[0, j] = 0.0
+        sums[1, j] = 0.0
+    for i in range(rows):
+        for j in range(n):
+            sums[0, j] += x[i, j]
+    for j in range(n):
+        c[j] = sums[0, j] / rows
+    for i in range(rows):
+        for j in range(n):
+            d = x[i, j] - c[j]
+            sums[1, j] += d * d
+    for j in range(n):
+        cj = np.float64(c[j])
+        sums[1, j] += cj * (2.0 * sums[0, j] - rows * cj)
+
+
+@njit(**_JIT)
+def bn_forward(x, sums, count, w, b, momentum, eps, run_mean, run_var, mean, rstd, out):
+    """From the batch's all-reduced ``sums`` (:func:`bn_moments`) over ``count`` elements per
+    channel: ``mean``, ``rstd = 1 / sqrt(var + eps)`` (biased var, >= 0), the running statistics
+    updated, ``out = (x - mean) * rstd * w + b``."""
+    rows, n = x.shape
+    scale = np.empty(n, x.dtype)
+    for j in range(n):
+        m = sums[0, j] / count
+        mj = x.dtype.type(m)
+        vj = x.dtype.type(max(sums[1, j] / count - m * m, 0.0))
+        mean[j] = mj
+        run_mean[j] = momentum * run_mean[j] + (1.0 - momentum) * mj
+        run_var[j] = momentum * run_var[j] + (1.0 - momentum) * vj
+        rstd[j] = x.dtype.type(1.0) / np.sqrt(vj + x.dtype.type(eps))
+        scale[j] = rstd[j] * w[j]
+    for i in range(rows):
+        for j in range(n):
+            out[i, j] = (x[i, j] - mean[j]) * scale[j] + b[j]
+
+
+@njit(**_JIT)
+def bn_grad_sums(x, mean, rstd, dout, sums):
+    """Per channel: ``sums[0] = sum(dout)``, ``sums[1] = sum(dout * xhat)``, xhat = (x - mean)
+    * rstd."""
+    rows, n = x.shape
+    for j in range(n):
+        sums[0, j] = 0.0
+        sums[1, j] = 0.0
+    for i in range(rows):
+        for j in range(n):
+            sums[0, j] += dout[i, j]
+            sums[1, j] += dout[i, j] * ((x[i, j] - mean[j]) * rstd[j])
+
+
+@njit(**_JIT)
+def bn_grad_dx(x, mean, rstd, w, dout, sums, count, dx):
+    """``dx = k * (dout - (sum_dy + xhat * sum_dy_xhat) / count)``, k = w * rstd."""
+    rows, n = x.shape
+    k = np.empty(n, x.dtype)
+    a = np.empty(n, x.dtype)
+    c = np.empty(n, x.dtype)
+    for j in range(n):
+        k[j] = w[j] * rstd[j]
+        a[j] = k[j] * sums[0, j] / count
+        c[j] = k[j] * sums[1, j] / count
+    for i in range(rows):
+        for j in range(n):
+            dx[i, j] = dout[i, j] * k[j] - (x[i, j] - mean[j]) * rstd[j] * c[j] - a[j]

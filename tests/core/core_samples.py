@@ -183,6 +183,8 @@ SAMPLES: dict[str, list] = {
     "embedding": [_embedding(None), _embedding(3)],
     "cross_entropy": [_cross_entropy((4, 5), 1, False), _cross_entropy((3, 4), 1, True),
                       _cross_entropy((3, 4, 2), 1, True)],
+    "cross_entropy_mean": [_cross_entropy((4, 5), 1, False), _cross_entropy((3, 4), 1, True),
+                           _cross_entropy((3, 4, 2), 1, True), _cross_entropy((2, 3), 0, False)],
     "dropout": [_dropout((4, 5), 0.5, "upscale_in_train"),
                 _dropout((4, 5), 0.3, "downscale_in_infer"),
                 _dropout((3, 4, 2), 0.5, "upscale_in_train", axis=(0, 2)),

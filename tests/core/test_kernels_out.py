@@ -137,6 +137,10 @@ CASES = {
     "cross_entropy_grad": [((_softmax(LOGITS, 1), LABEL, DLOSS),
                             {"axis": 1, "ignore_index": -100},
                             _ce_grad_oracle(_softmax(LOGITS, 1), LABEL, DLOSS))],
+    "cross_entropy_mean_grad": [((_softmax(LOGITS, 1), LABEL, np.array(3.0), np.array(0.7)),
+                                 {"axis": 1, "ignore_index": -100},
+                                 _ce_grad_oracle(_softmax(LOGITS, 1), LABEL,
+                                                 np.full((4, 1), 0.7 / 3.0)))],
 }
 
 

@@ -158,6 +158,21 @@ def _cross_entropy_grad(a, k, o):
     return ((sm - onehot) * np.where(lab != k["ignore_index"], dloss, 0.0),)
 
 
+def _cross_entropy_mean(a, k, o):
+    """(softmax, the mean of the non-ignored rows' losses (0 with none), their count)."""
+    sm, loss = _cross_entropy(a, k, o)
+    lab = a[1]
+    count = float(np.count_nonzero(lab != k["ignore_index"]))
+    return sm, np.asarray(loss.sum() / max(count, 1.0)), np.asarray(count)
+
+
+def _cross_entropy_mean_grad(a, k, o):
+    sm, label, count, dloss = a
+    rows = np.broadcast_to(dloss / max(float(count), 1.0),
+                           np.delete(sm.shape, k["axis"]).tolist() + [1])
+    return _cross_entropy_grad((sm, label, np.moveaxis(rows, -1, k["axis"])), k, o)
+
+
 def _embedding(a, k, o):
     ids, w = a
     out = w[ids].copy()
@@ -318,6 +333,7 @@ REFERENCES = {
     "batch_norm": _batch_norm, "batch_norm_infer": _batch_norm,
     "batch_norm_grad": _batch_norm_grad,
     "cross_entropy": _cross_entropy, "cross_entropy_grad": _cross_entropy_grad,
+    "cross_entropy_mean": _cross_entropy_mean, "cross_entropy_mean_grad": _cross_entropy_mean_grad,
     "embedding": _embedding, "embedding_grad": _embedding_grad,
     "one_hot": lambda a, k, o: ((a[0][..., None] == np.arange(k["num_classes"])).astype(
         np.float32),),

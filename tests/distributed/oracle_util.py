@@ -112,6 +112,7 @@ EXTRA: dict[str, list] = {
     "embedding": [lambda rng: ([_ints(rng, 7, 5), _n(rng, 7, 3)], {"padding_idx": None}),
                   lambda rng: ([_ints(rng, 5, 2, 3), _n(rng, 5, 2)], {"padding_idx": 1})],
     "cross_entropy": [_ce((5, 7), 1), _ce((7, 3), 1)],
+    "cross_entropy_mean": [_ce((5, 7), 1), _ce((7, 3), 1)],
     "dropout": [lambda rng: ([_n(rng, 5, 7, 3)], {"p": 0.4, "mode": "upscale_in_train",
                                                   "seed": 77, "axis": None})],
     "slice": [lambda rng: ([_n(rng, 7, 5)], {"index": normalize_index(

@@ -73,7 +73,10 @@ for step in range(steps):
         hit("caught_label_error", step)
         labels[0] = 99
     try:
-        loss = dt.nn.functional.cross_entropy(logits, dt.to_tensor(labels))
+        # the mean of per-row losses, a Partial(sum) over dp: loss.numpy() is a collective
+        # (F.cross_entropy's own mean is replicated: its .numpy() would be local)
+        loss = dt.nn.functional.cross_entropy(logits, dt.to_tensor(labels),
+                                              reduction="none").mean()
     except ValueError as e:
         print(f"rank {RANK} skips a bad batch: {e}", flush=True)
         continue
