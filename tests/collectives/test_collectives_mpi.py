@@ -437,10 +437,14 @@ PREPARED = [
     ("all_gather", lambda k, r: (2, gather_sizes(k, "uneven")[r], 3), {"axis": 1}),
     ("all_gather", lambda k, r: (0, gather_sizes(k, "even")[r]), {"axis": 1}),  # empty outer dim
     ("all_gather", lambda k, r: (1, gather_sizes(k, "few")[r], 2), {"axis": 1}),
+    ("all_gather", lambda k, r: (2, gather_sizes(k, "even")[r], 2), {"axis": 1}),
     ("reduce_scatter", lambda k, r: (2 * k + 1, 3), {"op": "sum", "axis": 0}),
     ("reduce_scatter", lambda k, r: (3, 2 * k + 1), {"op": "min", "axis": 1}),
     ("all_to_all", lambda k, r: (k + 2, 2 * k), {"split_axis": 1, "concat_axis": 0}),
     ("all_to_all", lambda k, r: (2 * k, 3), {"split_axis": 0, "concat_axis": 1}),
+    ("all_to_all", lambda k, r: (2, 3, 2 * k), {"split_axis": 2, "concat_axis": 1}),
+    ("all_to_all", lambda k, r: (3, 2 * k, 2), {"split_axis": 1, "concat_axis": 2}),
+    ("sendrecv", lambda k, r: (2, 3), {}),
 ]
 
 
@@ -460,6 +464,9 @@ def test_prepared_matches_general_call(g, dtype, case, gather_path):
     elif name == "reduce_scatter":
         red = np.sum(np.stack(xs), 0) if kw["op"] == "sum" else np.min(np.stack(xs), 0)
         expect = np.array_split(red, k, axis=kw["axis"])[me]
+    elif name == "sendrecv":  # a ring shift
+        kw = {"dst": (me + 1) % k, "src": (me - 1) % k}
+        expect = xs[(me - 1) % k]
     else:
         s, c = kw["split_axis"], kw["concat_axis"]
         kw = dict(kw, recv_sizes=[np.array_split(x, k, axis=s)[me].shape[c] for x in xs])
