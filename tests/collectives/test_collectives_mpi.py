@@ -481,6 +481,27 @@ def test_prepared_matches_general_call(g, dtype, case, gather_path):
     assert collectives.collective_counts()[name] - before == 3
 
 
+def test_all_to_all_packs_into_the_kept_buffer(g, monkeypatch):
+    """Past SCRATCH_MIN_BYTES the pieces are packed into one buffer kept for the process:
+    results equal the oracle, grow it, and never alias it."""
+    if not collectives.is_mpi():
+        pytest.skip("MPI backend only")
+    from collectives import _mpi
+
+    monkeypatch.setattr(_mpi, "SCRATCH_MIN_BYTES", 0)
+    k, me = g.size, g.rank
+    results = []
+    for rows, cols in ((3, 2 * k), (5, 4 * k + 1)):
+        xs = [data(r, (rows, cols), np.float64) for r in range(k)]
+        expect = np.concatenate([np.array_split(x, k, axis=1)[me] for x in xs], 0)
+        got = g.all_to_all(xs[me], 1, 0)
+        np.testing.assert_array_equal(got, expect)
+        results.append((got, expect.copy()))
+    for got, expect in results:  # the second call did not write into the first result
+        np.testing.assert_array_equal(got, expect)
+    assert _mpi._scratch[0].nbytes >= 5 * (4 * k + 1) * 8
+
+
 def test_prepare_checks_arguments_once(g):
     with pytest.raises(ValueError, match="prepare: collective 'broadcast' is not one of"):
         g.prepare("broadcast", (2,), np.float64)
