@@ -366,7 +366,8 @@ class MPIGroup(ProcessGroup):
                 flat = np.empty(flat_n, dtype)
                 comm.Allgather([np.ascontiguousarray(x), counts[0], T], [flat, counts[0], T])
                 res = out if out is not None else np.empty(rshape, dtype)
-                np.copyto(res.reshape(outer, n, s0, inner), flat.reshape(grid).transpose(1, 0, 2, 3))
+                np.copyto(res.reshape(outer, n, s0, inner),
+                          flat.reshape(grid).transpose(1, 0, 2, 3))
                 return res
             return run
         displs, offs, mine = C.offsets(counts), C.offsets(sizes), counts[self.rank]
