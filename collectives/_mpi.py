@@ -63,8 +63,9 @@ def mpi_type(dtype) -> "MPI.Datatype":
 
 #: all_gather along a non-leading axis receives in place (vector datatypes) from this many
 #: result bytes on; below, one flat Allgather plus an interleaving copy is faster
-#: (benchmarks/reshard.py, S(1)->R)
-STRIDED_MIN_BYTES = 1 << 20
+#: (benchmarks/reshard.py, S(1)->R: at 4 KB 0.60-0.67 of the bare call against 0.53 strided, at
+#: 64 KB (256 KB of result) 0.54-0.71 strided against 0.13-0.60 interleaved)
+STRIDED_MIN_BYTES = 1 << 16
 _GATHER_TAG = 11
 _vector_types: dict = {}
 
@@ -79,6 +80,26 @@ def _vector_type(dtype, count: int, block: int, stride: int) -> "MPI.Datatype":
             _vector_types.pop(next(iter(_vector_types))).Free()
         t = _vector_types[key] = mpi_type(dtype).Create_vector(count, block, stride).Commit()
     return t
+
+
+#: all_to_all packs the pieces it sends into one buffer kept for the process (grown to the
+#: largest pack) from this many bytes on: fresh memory past glibc's mmap threshold (at most
+#: 32 MB) costs a page fault per 4 KB on every call (S(0)->S(1) at 64 MB: 0.33 of the bare
+#: Alltoall with a fresh pack buffer, 0.90 with the kept one; benchmarks/reshard.py)
+SCRATCH_MIN_BYTES = 1 << 20
+_scratch = [np.empty(0, np.uint8)]
+
+
+def _pack_buffer(count: int, dtype: np.dtype) -> np.ndarray:
+    """A flat buffer of ``count`` elements for packing (the kept one from
+    SCRATCH_MIN_BYTES on; collectives are blocking, so one caller uses it at a time)."""
+    nbytes = count * dtype.itemsize
+    if nbytes < SCRATCH_MIN_BYTES:
+        return np.empty(count, dtype)
+    if _scratch[0].nbytes < nbytes:
+        _scratch[0] = np.empty(0, np.uint8)  # free the old one first
+        _scratch[0] = np.empty(nbytes, np.uint8)
+    return _scratch[0][:nbytes].view(dtype)
 
 
 def _too_big(*ns: int) -> bool:
@@ -282,7 +303,9 @@ class MPIGroup(ProcessGroup):
         datatypes and communicator resolved, where the result needs no conversion; else the
         general numpy path."""
         special = {"all_reduce": self._prepared_all_reduce, "all_gather": self._prepared_all_gather,
-                   "reduce_scatter": self._prepared_reduce_scatter}.get(name)
+                   "reduce_scatter": self._prepared_reduce_scatter,
+                   "all_to_all": self._prepared_all_to_all, "sendrecv": self._prepared_sendrecv
+                   }.get(name)
         run = special(shape, dtype, *args) if special is not None else None
         if run is None:
             impl = getattr(self, "np_" + name)
@@ -312,7 +335,7 @@ class MPIGroup(ProcessGroup):
         T, comm = mpi_type(dtype), self._gather_comm
         if outer > 1:
             if prod(rshape) * dtype.itemsize < STRIDED_MIN_BYTES:
-                return None
+                return self._prepared_all_gather_interleaved(dtype, sizes, rshape, outer, inner)
             return lambda x, out: self._all_gather_strided(
                 np.ascontiguousarray(x), sizes, out if out is not None else np.empty(rshape, dtype),
                 outer, inner)
@@ -329,6 +352,61 @@ class MPIGroup(ProcessGroup):
                 buf = out if out is not None else np.empty(rshape, dtype)
                 comm.Allgatherv([np.ascontiguousarray(x), mine, T], [buf, counts, displs, T])
                 return buf
+        return run
+
+    def _prepared_all_gather_interleaved(self, dtype, sizes, rshape, outer, inner):
+        """Small all_gather along a non-leading axis: one flat Allgather(v), then one copy
+        interleaving the pieces into place (as ``_all_gather_interleaved``)."""
+        T, comm, n = mpi_type(dtype), self._gather_comm, self.size
+        counts = [outer * s * inner for s in sizes]
+        flat_n, total = sum(counts), sum(sizes)
+        if all(c == counts[0] for c in counts):
+            grid, s0 = (n, outer, sizes[0], inner), sizes[0]
+
+            def run(x, out):
+                flat = np.empty(flat_n, dtype)
+                comm.Allgather([np.ascontiguousarray(x), counts[0], T], [flat, counts[0], T])
+                res = out if out is not None else np.empty(rshape, dtype)
+                np.copyto(res.reshape(outer, n, s0, inner),
+                          flat.reshape(grid).transpose(1, 0, 2, 3))
+                return res
+            return run
+        displs, offs, mine = C.offsets(counts), C.offsets(sizes), counts[self.rank]
+        pieces = [(slice(displs[k], displs[k] + counts[k]), (outer, sizes[k], inner),
+                   slice(offs[k], offs[k] + sizes[k])) for k in range(n)]
+
+        def run_uneven(x, out):
+            flat = np.empty(flat_n, dtype)
+            comm.Allgatherv([np.ascontiguousarray(x), mine, T], [flat, counts, displs, T])
+            res = out if out is not None else np.empty(rshape, dtype)
+            res3 = res.reshape(outer, total, inner)
+            for src, shp, dst in pieces:
+                res3[:, dst] = flat[src].reshape(shp)
+            return res
+        return run_uneven
+
+    def _prepared_all_to_all(self, shape, dtype, s, c, ssizes, rsizes):
+        """Small even pieces that travel concat axis first (``_a2a_layout``'s second layout):
+        packed by one copy from a view of x split along ``s``, one Alltoall straight into the
+        result when ``c == 0`` (else into a buffer moved back once). Other cases (large ones
+        pack into the kept buffer and copy their own piece locally): the general path."""
+        n = self.size
+        if (rsizes is None or s == c or (s == 0 and c != 0) or len(set(ssizes)) > 1
+                or len(set(rsizes)) > 1 or prod(shape) * dtype.itemsize >= SCRATCH_MIN_BYTES):
+            return None
+        L = _a2a_layout(n, self.rank, shape, s, c, tuple(ssizes), tuple(rsizes))
+        split = shape[:s] + (n, ssizes[0]) + shape[s + 1:]
+        at = [i if i < s else i + 1 for i in range(len(shape))]  # x's axes in ``split``
+        perm = (s, at[c]) + tuple(at[i] for i in range(len(shape)) if i != c)
+        packed = (n,) + L.front_shapes[0]
+        T, comm, count = mpi_type(dtype), self._a2a_comm, L.scounts[0]
+
+        def run(x, out):
+            sendbuf = np.empty(packed, dtype)
+            np.copyto(sendbuf, x.reshape(split).transpose(perm))
+            recv = out if (c == 0 and out is not None) else np.empty(L.front_shape, dtype)
+            comm.Alltoall([sendbuf, count, T], [recv, count, T])
+            return _back(recv, c, out)
         return run
 
     def _prepared_reduce_scatter(self, shape, dtype, op, axis, sizes):
@@ -349,6 +427,17 @@ class MPIGroup(ProcessGroup):
                 comm.Reduce_scatter([np.ascontiguousarray(x), T], [recv, T], recvcounts=counts,
                                     op=mop)
             return recv
+        return run
+
+    def _prepared_sendrecv(self, shape, dtype, dst, src, rshape):
+        if dst == self.rank or _too_big(prod(shape), prod(rshape)):
+            return None
+        T, comm = mpi_type(dtype), self._sendrecv_comm
+
+        def run(x, out):
+            buf = out if out is not None else np.empty(rshape, dtype)
+            comm.Sendrecv([np.ascontiguousarray(x), T], dst, 0, [buf, T], src, 0)
+            return buf
         return run
 
     # ---------------------------------------------------------------------------- collectives
@@ -536,7 +625,7 @@ class MPIGroup(ProcessGroup):
             if s == c:
                 sendbuf = _front(x, s).reshape(-1)
             else:
-                sendbuf = np.empty(x.size, dtype=x.dtype)
+                sendbuf = _pack_buffer(x.size, x.dtype)
                 for j in range(size):
                     if j != me or large:
                         np.copyto(sendbuf[sd[j]:sd[j] + L.scounts[j]].reshape(L.front_shapes[j]),

@@ -16,7 +16,7 @@ import numpy as np
 from . import _common as C
 from .failure import Watch
 
-_PREPARABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+_PREPARABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")
 _monotonic = time.monotonic
 _getframe = sys._getframe
 
@@ -232,7 +232,7 @@ class ProcessGroup:
 
     def prepare(self, name: str, shape: Sequence[int], dtype: Any, **kwargs) -> Callable:
         """``fn(x, out=None)`` running collective ``name`` (all_reduce, all_gather,
-        reduce_scatter or all_to_all) with ``kwargs`` on numpy arrays of ``shape`` and
+        reduce_scatter, all_to_all or sendrecv) with ``kwargs`` on numpy arrays of ``shape`` and
         ``dtype``: arguments are checked and resolved here, once, so a call only does the
         bookkeeping of every collective (count, debug agreement, watchdog) and the
         communication. Any other ``x`` (or an ``out`` the checks cannot foresee) takes the
@@ -322,9 +322,12 @@ class ProcessGroup:
         array (new, or ``out``). A collective of the whole group whose (dst, src) pairs form a
         permutation: a pairwise exchange, a ring shift; a rank with dst == src == itself gets a
         copy of ``x``."""
-        name = "sendrecv"
         if type(x) is not np.ndarray:
-            x = C.as_array(x, name, "x")
+            x = C.as_array(x, "sendrecv", "x")
+        return self._call("sendrecv", x, *self._check_sendrecv(x, dst, src, recv_shape, out), out)
+
+    def _check_sendrecv(self, x, dst, src=None, recv_shape=None, out=None):
+        name = "sendrecv"
         dst = C.check_peer(dst, self.size, name, "dst")
         src = dst if src is None else C.check_peer(src, self.size, name, "src")
         if (dst == self.rank) != (src == self.rank):
@@ -335,13 +338,7 @@ class ProcessGroup:
             raise ValueError(f"{name}: recv_shape={list(shape)} but group rank {self.rank} "
                              f"receives its own x ({C.describe(x)})")
         C.check_out(out, shape, x.dtype, name, C.is_cupy(x))
-        self._begin(name, (("dtype", x.dtype.str),))
-        try:
-            return self._sendrecv(x, dst, src, shape, out)
-        except self._comm_errors as e:
-            raise self._comm_failed(e) from e
-        finally:
-            Watch.now = None
+        return (dst, src, shape), (("dtype", x.dtype.str),), shape
 
     def exchange_metadata(self, obj: Any) -> list:
         """Every rank's picklable ``obj``, in group-rank order: the runtime's metadata checks.

@@ -19,6 +19,7 @@ def cache_info() -> dict[str, int]:
         "plans": plan_cache_info()["size"],
         "limit_plans": PLAN_CACHE_LIMIT,
         "reshard_plans": len(api._RESHARD_PLANS),
+        "reshard_calls": len(api._RESHARD_CALLS),
         "prepared_reshards": reshard.prepare.cache_info().currsize,
         "layouts_of_placements": api._layout_of.cache_info().currsize,
         "agreed_fingerprints": agreement.agreement_cache_info()["size"],

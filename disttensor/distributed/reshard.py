@@ -60,7 +60,7 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord, dtype: np.dtype) 
             return partial(getattr(group, k), **args)
         return group.prepare(k, local_shape(shape, step.before, coord), dtype, **args)
     if k == "swap":
-        return _swap(step, shape, mesh, coord)
+        return _swap(step, shape, mesh, coord, dtype)
     if k == "slice":
         def cut(arr):
             a, b = split_range(arr.shape[d], n, coord[m])
@@ -94,7 +94,7 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord, dtype: np.dtype) 
     raise AssertionError(k)
 
 
-def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
+def _swap(step: Step, shape, mesh: ProcessMesh, coord, dtype: np.dtype) -> Callable:
     """One ``sendrecv`` with the rank whose coordinates along the two mesh dims are swapped,
     on the group of the two."""
     a, b = step.mesh_dim, step.split_dim
@@ -105,7 +105,8 @@ def _swap(step: Step, shape, mesh: ProcessMesh, coord) -> Callable:
     peer, me = mesh.rank_at(other), get_rank()
     out_shape = tuple(s.stop - s.start for s in local_slices(shape, step.after, coord))
     pair = collectives.new_group(sorted((me, peer)))
-    return partial(pair.sendrecv, dst=1 - pair.rank, recv_shape=out_shape)
+    return pair.prepare("sendrecv", local_shape(shape, step.before, coord), dtype,
+                        dst=1 - pair.rank, recv_shape=out_shape)
 
 
 def _identity(reduce_type: str, dtype):

@@ -437,10 +437,14 @@ PREPARED = [
     ("all_gather", lambda k, r: (2, gather_sizes(k, "uneven")[r], 3), {"axis": 1}),
     ("all_gather", lambda k, r: (0, gather_sizes(k, "even")[r]), {"axis": 1}),  # empty outer dim
     ("all_gather", lambda k, r: (1, gather_sizes(k, "few")[r], 2), {"axis": 1}),
+    ("all_gather", lambda k, r: (2, gather_sizes(k, "even")[r], 2), {"axis": 1}),
     ("reduce_scatter", lambda k, r: (2 * k + 1, 3), {"op": "sum", "axis": 0}),
     ("reduce_scatter", lambda k, r: (3, 2 * k + 1), {"op": "min", "axis": 1}),
     ("all_to_all", lambda k, r: (k + 2, 2 * k), {"split_axis": 1, "concat_axis": 0}),
     ("all_to_all", lambda k, r: (2 * k, 3), {"split_axis": 0, "concat_axis": 1}),
+    ("all_to_all", lambda k, r: (2, 3, 2 * k), {"split_axis": 2, "concat_axis": 1}),
+    ("all_to_all", lambda k, r: (3, 2 * k, 2), {"split_axis": 1, "concat_axis": 2}),
+    ("sendrecv", lambda k, r: (2, 3), {}),
 ]
 
 
@@ -460,6 +464,9 @@ def test_prepared_matches_general_call(g, dtype, case, gather_path):
     elif name == "reduce_scatter":
         red = np.sum(np.stack(xs), 0) if kw["op"] == "sum" else np.min(np.stack(xs), 0)
         expect = np.array_split(red, k, axis=kw["axis"])[me]
+    elif name == "sendrecv":  # a ring shift
+        kw = {"dst": (me + 1) % k, "src": (me - 1) % k}
+        expect = xs[(me - 1) % k]
     else:
         s, c = kw["split_axis"], kw["concat_axis"]
         kw = dict(kw, recv_sizes=[np.array_split(x, k, axis=s)[me].shape[c] for x in xs])
@@ -472,6 +479,27 @@ def test_prepared_matches_general_call(g, dtype, case, gather_path):
     np.testing.assert_array_equal(out, expect)
     np.testing.assert_array_equal(fn(xs[me].astype(np.float32)), expect.astype(np.float32))
     assert collectives.collective_counts()[name] - before == 3
+
+
+def test_all_to_all_packs_into_the_kept_buffer(g, monkeypatch):
+    """Past SCRATCH_MIN_BYTES the pieces are packed into one buffer kept for the process:
+    results equal the oracle, grow it, and never alias it."""
+    if not collectives.is_mpi():
+        pytest.skip("MPI backend only")
+    from collectives import _mpi
+
+    monkeypatch.setattr(_mpi, "SCRATCH_MIN_BYTES", 0)
+    k, me = g.size, g.rank
+    results = []
+    for rows, cols in ((3, 2 * k), (5, 4 * k + 1)):
+        xs = [data(r, (rows, cols), np.float64) for r in range(k)]
+        expect = np.concatenate([np.array_split(x, k, axis=1)[me] for x in xs], 0)
+        got = g.all_to_all(xs[me], 1, 0)
+        np.testing.assert_array_equal(got, expect)
+        results.append((got, expect.copy()))
+    for got, expect in results:  # the second call did not write into the first result
+        np.testing.assert_array_equal(got, expect)
+    assert _mpi._scratch[0].nbytes >= 5 * (4 * k + 1) * 8
 
 
 def test_prepare_checks_arguments_once(g):

@@ -508,6 +508,39 @@ def test_reshard_numpy_roundtrip_public():
             np.testing.assert_array_equal(x.numpy(), G, err_msg=f"{fmt(pl)}")
 
 
+def test_resolved_reshard_calls_are_cached_by_value_and_still_checked():
+    """A repeated reshard (a rebuilt equal mesh, fresh placement objects) reuses the resolved
+    call; the placements are read at every call (a list changed in place gives its new
+    layout); bad input after a cached call still raises the clear error on every rank."""
+    name = "2x2" if world().size == 4 else ("2" if world().size >= 2 else "1")
+    grid = MESHES[name][0]
+    mesh = get_mesh(name)
+    G = global_array((13, 17))
+    rep = [Replicate()] * mesh.ndim
+    x = dt.shard_tensor(G, mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1))
+    target = [Shard(1)] * mesh.ndim
+    y = dt.reshard(x, mesh, target)
+    calls = dt.cache_info()["reshard_calls"]
+    for _ in range(3):
+        y = dt.reshard(x, ProcessMesh(grid), [Shard(1) for _ in range(mesh.ndim)])
+        assert dt.cache_info()["reshard_calls"] == calls
+        assert check_value(y._local_array(), mesh, y._value.dist_attr, G) is None
+    assert y.placements == target
+    pl = list(target)
+    dt.reshard(x, mesh, pl)
+    pl[0] = Replicate()
+    z = dt.reshard(x, mesh, pl)
+    assert z.placements == pl
+    assert check_value(z._local_array(), mesh, z._value.dist_attr, G) is None
+    with pytest.raises(ValueError, match=r"reshard: tensor of shape \[13, 17\]: .*dim 2"):
+        dt.reshard(x, mesh, [Shard(2)] + rep[1:])
+    with pytest.raises(TypeError, match="reshard: placements .* not a Shard, Replicate"):
+        dt.reshard(x, mesh, ["S(0)"] + rep[1:])
+    back = dt.reshard(x, mesh, rep)  # the ranks go on
+    if mesh.get_coord(world().rank) is not None:
+        np.testing.assert_array_equal(back.numpy(), G)
+
+
 # --------------------------------------------------------------------------- property cases
 @st.composite
 def reshard_cases(draw):
