@@ -120,8 +120,9 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
         for v in defs:
             def_step.setdefault(prog.values[v].reg, k)
         for r in s.outs:
-            if s.kind == "local" and not s.takes_out and s.ins and find(s.ins[0]) != r \
-                    and r not in base:
+            if r in base:  # a declared view lives in its base's buffer
+                continue
+            if s.kind == "local" and not s.takes_out and s.ins and find(s.ins[0]) != r:
                 base[r] = find(s.ins[0])  # a reshard step that may return a slice: a view
             elif s.kind == "empty" or s.scalar_out or (scope == "kernels" and not s.takes_out):
                 unplanned.add(r)
