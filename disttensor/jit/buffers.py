@@ -120,8 +120,8 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
         for v in defs:
             def_step.setdefault(prog.values[v].reg, k)
         for r in s.outs:
-            if r in base:  # a declared view lives in its base's buffer
-                continue
+            if r in base or def_step.get(r, k) != k:  # a declared view lives in its base's
+                continue  # buffer; a later write into a register keeps it where it was made
             if s.kind == "local" and not s.takes_out and s.ins and find(s.ins[0]) != r:
                 base[r] = find(s.ins[0])  # a reshard step that may return a slice: a view
             elif s.kind == "empty" or s.scalar_out or (scope == "kernels" and not s.takes_out):
