@@ -149,13 +149,12 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
                   ) -> tuple[Plan, Plan, deque]:
     """(start, wait) of one bucket: start packs the local pieces into a flat buffer (``out=``,
     when a memory plan gives one) and starts its all-reduce over the Partial mesh dims in
-    place, returning the buffer (a 1-D tensor of
-    this rank's bucket length, Partial, read by nothing but wait); wait completes the
-    all-reduce, writing the buffer (its output 0 is the buffer itself, reduced), and returns
-    each gradient as a view of its (disjoint) part of the buffer. The pair's started
-    all-reduces wait in a queue (the third value): wait takes the one of its buffer, else the
-    oldest (a program whose memory plan copied the buffer between start and wait gets the
-    reduced values copied in)."""
+    place, returning the buffer (a 1-D tensor of this rank's bucket length, Partial, read by
+    nothing but wait); wait completes the all-reduce, writing the buffer (its output 0 is the
+    buffer itself, reduced), and returns each gradient as a view of its (disjoint) part of the
+    buffer. The pair's started all-reduces wait in a queue (the third value): wait takes the
+    one of its buffer, else the oldest (a program whose memory plan copied the buffer between
+    start and wait gets the reduced values copied in)."""
     key = (mesh, dims, dtype, metas)
     plans = _PLANS.get(key)
     if plans is not None:

@@ -217,7 +217,7 @@ def _share_reshards(prog: "Program") -> None:
         for v in op.ins:
             if v is not None:
                 readers.setdefault(v, set()).add(k)
-        for j, (s, v, _) in enumerate(_reshard_steps(prog, op)):
+        for s, v, _ in _reshard_steps(prog, op):
             u = made.get((s.fn, v))
             if u is not None and prog.values[u].nbytes <= prog.values[v].nbytes and \
                     per_reg[prog.values[v].reg] == 1 and \
