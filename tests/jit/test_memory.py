@@ -209,6 +209,9 @@ def test_planned_step_is_tight_verified_and_equals_eager(model_name, size, scope
     assert report["scope"] == scope
     copies = prog.forward.source.count("_into(") + prog.backward.source.count("_into(")
     assert (copies > 0) == (scope == "all")  # only "all" copies what a kernel made itself
+    buckets = [op.outs[0] for op in prog.ops if op.name == "grad_bucket_start"]
+    assert bool(buckets) == (mesh.shape[0] > 1)  # data parallel: buckets, packed in the arena
+    assert all(prog.values[b].reg in prog.memory.group for b in buckets)
     assert losses == eager[0]
     for k in eager[1]:
         np.testing.assert_array_equal(params[k], eager[1][k], err_msg=k)
