@@ -147,14 +147,14 @@ _ABANDONED: list = []  # started all-reduces of backwards that raised, until com
 def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
                   metas: tuple[tuple[tuple[int, ...], DistAttr], ...]
                   ) -> tuple[Plan, Plan, deque]:
-    """(start, wait) of one bucket: start packs the local pieces into a flat buffer and starts
-    its all-reduce over the Partial mesh dims in place, returning the buffer (a 1-D tensor of
-    this rank's bucket length, Partial, read by nothing but wait); wait completes the
-    all-reduce, writing the buffer (its output 0 is the buffer itself, reduced), and returns
-    each gradient as a view of its (disjoint) part of the buffer. The pair's started
-    all-reduces wait in a queue (the third value): wait takes the one of its buffer, else the
-    oldest (a program whose memory plan copied the buffer between start and wait gets the
-    reduced values copied in)."""
+    """(start, wait) of one bucket: start packs the local pieces into a flat buffer (``out=``,
+    when a memory plan gives one) and starts its all-reduce over the Partial mesh dims in
+    place, returning the buffer (a 1-D tensor of this rank's bucket length, Partial, read by
+    nothing but wait); wait completes the all-reduce, writing the buffer (its output 0 is the
+    buffer itself, reduced), and returns each gradient as a view of its (disjoint) part of the
+    buffer. The pair's started all-reduces wait in a queue (the third value): wait takes the
+    one of its buffer, else the oldest (a program whose memory plan copied the buffer between
+    start and wait gets the reduced values copied in)."""
     key = (mesh, dims, dtype, metas)
     plans = _PLANS.get(key)
     if plans is not None:
@@ -168,8 +168,8 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
     nbytes = bounds[-1] * dtype.itemsize
     started: deque = deque()
 
-    def pack_and_start(xp, *arrays):
-        flat = xp.empty(bounds[-1], dtype=dtype)
+    def pack_and_start(xp, *arrays, out=None):
+        flat = xp.empty(bounds[-1], dtype=dtype) if out is None else out
         for a, lo, hi in zip(arrays, bounds, bounds[1:]):
             flat[lo:hi] = a.reshape(-1)
         if _LAST[0] is not None:  # progress for the previous bucket (replays too)
@@ -197,7 +197,7 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
     bucket = canonical(DistAttr.replicated(1, mesh.shape).with_partial(attrs[0].partial))
     start = Plan(OPS["grad_bucket_start"], "dist", n, (Instr(
         "kernel", pack_and_start, tuple(range(n)), (n,), label=f"bucket of {n} gradients",
-        nbytes=nbytes, collectives=(label + ", started",)),),
+        nbytes=nbytes, collectives=(label + ", started",), accepts_out=True),),
         (OutSpec(n, (bounds[-1],), dtype, bucket),), mesh=cmesh, in_layouts=attrs)
     wait = Plan(OPS["grad_bucket_wait"], "dist", 1, (Instr(
         "kernel", wait_and_unpack, (0,), tuple(range(1, n + 2)), writes=(0,),

@@ -49,7 +49,7 @@ class Instr:
     # a kernel instruction whose fn is ``op.kernel(xp, *arrays, **kwargs)``: the bound keyword
     # arguments (local attrs and context), so a replay can call the kernel directly
     kwargs: dict | None = None
-    accepts_out: bool = False  # a collective step whose fn receives into ``out=``
+    accepts_out: bool = False  # fn writes into a given ``out=`` (not a dense plan's kernel)
 
     @property
     def communicates(self) -> bool:

@@ -6,8 +6,11 @@ The ranks concerned compare their fingerprints with one small all-gather and, wh
 raise the same ``ValueError`` on every rank listing each rank's view. Ops after these entry points
 derive their metadata from them, so they need no check.
 
-A fingerprint agreed on once is remembered (an LRU of ``CACHE_LIMIT`` keys built from interned
-meshes and layouts): a steady-state loop pays one dict lookup per entry point and no collective.
+A fingerprint agreed on once is remembered (keys built from interned meshes and layouts): a
+steady-state loop pays one dict lookup per entry point and no collective. Each group of ranks
+has its own LRU of ``CACHE_LIMIT`` keys: its members see the same agreements in the same order,
+so they keep and evict the same keys. (One LRU over all groups evicted differently on ranks that
+take part in different groups, and a rank that had forgotten a key then checked it alone.)
 If a rank later diverges, it alone runs the check while the others run the op's own collective;
 the two travel on different communicators, so both block and the watchdog reports the two calls
 after a few seconds (see :mod:`collectives.failure`).
@@ -34,7 +37,8 @@ __all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_
            "check_from_local", "check_reshard", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 4096
-_AGREED: OrderedDict = OrderedDict()
+_AGREED: dict[tuple, OrderedDict] = {}   # key -> the LRU of its group of ranks (holding it)
+_LRUS: dict[tuple, OrderedDict] = {}     # sorted ranks -> their agreed keys, oldest first
 
 
 class RankDisagreementError(ValueError):
@@ -47,7 +51,8 @@ class RankDisagreementError(ValueError):
 
 
 def agreement_cache_info() -> dict:
-    """Size and limit of the cache of agreed fingerprints (a debugging aid)."""
+    """Size of the cache of agreed fingerprints and its limit per group of ranks (a debugging
+    aid)."""
     return {"size": len(_AGREED), "limit": CACHE_LIMIT}
 
 
@@ -57,9 +62,10 @@ def _group(ranks) -> Any:
 
 def _known(key: tuple) -> bool:
     """True when ``key`` was agreed on before (never in debug mode); marks it recently used."""
-    if CHECK_COLLECTIVES or key not in _AGREED:
+    lru = _AGREED.get(key)
+    if CHECK_COLLECTIVES or lru is None:
         return False
-    _AGREED.move_to_end(key)
+    lru.move_to_end(key)
     return True
 
 
@@ -83,9 +89,11 @@ def agree(op: str, ranks, key: tuple, describe, what: str = _TENSOR_METADATA) ->
         raise RankDisagreementError(
             f"{op}: ranks disagree on {what}; rank(s) {odd} differ from the others:\n{lines}",
             odd)
-    _AGREED[key] = True
-    if len(_AGREED) > CACHE_LIMIT:
-        _AGREED.popitem(last=False)
+    lru = _LRUS.setdefault(tuple(sorted(set(ranks))), OrderedDict())
+    lru[key] = True
+    _AGREED[key] = lru
+    if len(lru) > CACHE_LIMIT:
+        del _AGREED[lru.popitem(last=False)[0]]
 
 
 def checksum(arr) -> str:
@@ -153,8 +161,7 @@ def check_reshard(value, mesh: ProcessMesh, attr) -> None:
     key = ("reshard", id(value.mesh), id(value.dist_attr), value.shape, value.dtype,
            id(mesh) if id(mesh) in _MESH_IDS else id(canonical_mesh(mesh)),
            id(attr) if id(attr) in _CANON_IDS else id(canonical(attr)))
-    if key in _AGREED and not CHECK_COLLECTIVES:
-        _AGREED.move_to_end(key)
+    if _known(key):
         return
     ranks = set(value.mesh.process_ids) | set(mesh.process_ids)
     if get_rank() not in ranks:

@@ -89,8 +89,14 @@ def _grad_avg_scale(attr: DistAttr) -> float:
     return 1.0 / n
 
 
-def _copy(arr):
-    return arr.copy()
+def _copy(arr, out=None):
+    """A copy of ``arr`` (into ``out`` when given). Nothing moves when ``out`` is ``arr``'s own
+    buffer: a memory plan gives a copy its input's bytes when the input dies there."""
+    if out is None:
+        return arr.copy()
+    if not array_module(arr).may_share_memory(out, arr):
+        out[...] = arr
+    return out
 
 
 # -- reshard -----------------------------------------------------------------------------------
@@ -118,7 +124,8 @@ def _reshard_plan(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Plan:
         else:
             instrs, out, _ = reshard_instrs(rplan, dtype, 0, 1)
         if not instrs:  # nothing moves: reshard still returns a new tensor
-            instrs, out = [Instr("local", _copy, (0,), (1,), label="copy (layout unchanged)")], 1
+            instrs, out = [Instr("local", _copy, (0,), (1,), label="copy (layout unchanged)",
+                                 accepts_out=True)], 1
         plan = Plan(OPS["reshard"], "dist", 1, tuple(instrs),
                     (OutSpec(out, shape, dtype, canonical(attr)),), mesh=canonical_mesh(mesh),
                     in_layouts=(src_attr,))

@@ -120,7 +120,9 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
         for v in defs:
             def_step.setdefault(prog.values[v].reg, k)
         for r in s.outs:
-            if s.kind == "local" and s.ins and find(s.ins[0]) != r and r not in base:
+            if r in base or def_step.get(r, k) != k:  # a declared view lives in its base's
+                continue  # buffer; a later write into a register keeps it where it was made
+            if s.kind == "local" and not s.takes_out and s.ins and find(s.ins[0]) != r:
                 base[r] = find(s.ins[0])  # a reshard step that may return a slice: a view
             elif s.kind == "empty" or s.scalar_out or (scope == "kernels" and not s.takes_out):
                 unplanned.add(r)
@@ -142,12 +144,14 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
         span[g] = [min(lo, first[v.id]), max(hi, last[v.id])]
     unplanned |= {find(r) for r in unplanned}
 
-    # inplace reuse: an op marked ``reuse`` writes into a dying input of its output's size
+    # inplace reuse: an op marked ``reuse`` writes into a dying input of its output's size,
+    # and so does a local reshard step writing through ``out=`` (a copy: then nothing moves)
     merged: dict[int, int] = {}        # output register -> the buffer (base register) it reuses
     reused = []
     for k, (op, s) in enumerate(steps):
-        reuse = OPS[op.name].reuse
-        if s.kind != "kernel" or not reuse or len(s.outs) != 1:
+        reuse = OPS[op.name].reuse if s.kind == "kernel" else (0,) if s.kind == "local" and \
+            s.takes_out else ()
+        if not reuse or len(s.outs) != 1:
             continue
         r_out = s.outs[0]
         if r_out in base or r_out in unplanned or def_step.get(r_out) != k or r_out not in span:

@@ -358,7 +358,7 @@ def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
                                                else attrs)), op.accepts_out
         if instr.kwargs is not None:
             return partial(op.kernel, xp, **instr.kwargs), op.accepts_out and not instr.writes
-        return partial(instr.fn, xp), False
+        return partial(instr.fn, xp), instr.accepts_out
     if instr.kind == "empty":
         return partial(instr.fn, xp), False
     return instr.fn, instr.accepts_out

@@ -6,8 +6,9 @@ chain of forward ops (at most :data:`DEPTH` deep) that are all
 
 * marked ``recompute`` in the schema (cheap and deterministic: elementwise math, activations,
   layer_norm; never a random op) or views (reshape, transpose, ...), and
-* one local kernel step each: no reshard, no collective, nothing written in place, and no
-  output whose register anything else writes,
+* one local kernel step each (after the steps resharding its inputs, whose results it is then
+  recomputed from): no collective inside the kernel, nothing written in place, and no output
+  whose register anything else writes,
 
 from inputs the backward holds anyway at the point where it first reads the middle: program
 inputs (parameters, buffers, data) that nothing writes in between, or forward values the
@@ -17,6 +18,10 @@ any of its middles, writing fresh registers (new SSA values), and every backward
 middles is pointed at the copies; the forward's values then die at their last forward use.
 Groups that would only rebuild an op's non-differentiable side outputs (layer_norm's mean and
 variance) are not worth it and are skipped.
+
+Before that, :func:`_share_reshards` lets a backward op read what a forward op's reshard step
+made of the same value, instead of resharding it again (a layer_norm of a Partial input
+all-reduces it in the forward and, for its gradient, again in the backward).
 
 In a GPT block the weight gradients read ``reshape(gelu(u))`` and ``reshape(layer_norm(x))``
 long before ``gelu``'s and ``layer_norm``'s own gradients read ``u`` and ``x``: recomputing them
@@ -43,6 +48,7 @@ DEPTH = 3
 def rematerialize(prog: "Program") -> list[tuple[int, int]]:
     """Insert the recomputations into ``prog.ops`` (before :meth:`Program.split`); returns the
     ``(forward value, recomputed value)`` pairs of the middles now read from copies."""
+    _share_reshards(prog)
     a = _Analysis(prog)
     groups = a.groups()
     if not groups:
@@ -94,6 +100,7 @@ class _Analysis:
         per_reg = Counter(v.reg for v in prog.values)
         self.ok = {k for k, op in enumerate(ops) if op.phase == "forward" and _cheap(op)
                    and all(per_reg[prog.values[v].reg] == 1 for v in op.outs)}
+        self.reads = {k: _kernel_inputs(prog, ops[k]) for k in self.ok}
         self.kept = prog.escaping()
 
     def held(self, v: int, k: int, at: int) -> bool:
@@ -115,7 +122,7 @@ class _Analysis:
         if k is None or k not in self.ok or depth == 0:
             return None
         need = {k}
-        for u in self.prog.ops[k].ins:
+        for u in self.reads[k]:
             if u is None or self.held(u, k, at):
                 continue
             sub = self.chain(u, at, depth - 1)
@@ -146,7 +153,7 @@ class _Analysis:
                 parent[find(m)] = find(owner.setdefault(k, m))
         for m, c in chains.items():               # a chain reading another's middle joins it
             for k in c:
-                for u in prog.ops[k].ins:
+                for u in self.reads[k]:
                     if u in chains:
                         parent[find(m)] = find(u)
         members: dict[int, list[int]] = {}
@@ -159,7 +166,7 @@ class _Analysis:
             middles = sorted(v for v in made if v in self.first and v not in self.kept)
             at = min(self.first[v] for v in middles)
             if not all(u is None or u in made or self.held(u, k, at)
-                       for k in ops for u in prog.ops[k].ins):
+                       for k in ops for u in self.reads[k]):
                 continue
             if all(self.side_output(v) for v in middles):
                 continue
@@ -168,9 +175,82 @@ class _Analysis:
 
 
 def _cheap(op: "ProgramOp") -> bool:
+    """Whether the op's last step, a kernel marked ``recompute`` (or a view) with no collective
+    inside, may run again; the steps before it may only reshard its inputs (their results are
+    read from the forward)."""
     d = OPS[op.name]
-    return (d.recompute or bool(d.view)) and not d.random and not op.collectives and \
-        not op.scratch and not op.inplace and len(op.steps) == 1 and op.steps[0].kind == "kernel"
+    *moves, last = op.steps
+    return (d.recompute or bool(d.view)) and not d.random and not op.inplace and \
+        last.kind == "kernel" and len(op.scratch) == len(moves) and \
+        all(s.kind in ("collective", "local") and not s.writes for s in moves) and \
+        len(op.collectives) == sum(s.kind == "collective" for s in moves)
+
+
+def _kernel_inputs(prog: "Program", op: "ProgramOp") -> tuple:
+    """The values the op's last step reads: its inputs, or what its reshard steps made."""
+    if len(op.steps) == 1:
+        return op.ins
+    at = {prog.values[v].reg: v for v in op.ins + op.scratch if v is not None}
+    return tuple(at[r] for r in op.steps[-1].ins)
+
+
+def _share_reshards(prog: "Program") -> None:
+    """A backward op that reshards a forward value by the same prepared collective step as a
+    forward op did (a layer_norm's all-reduce of its Partial input, again for its gradient)
+    reads the forward's result instead, when every backward read of that value is such a step
+    and the result is no larger: the same collective on the same bytes gives the same bytes,
+    the backward keeps the result in place of the value and does not communicate again, and
+    the forward op's kernel can then be recomputed from it."""
+    ops = prog.ops
+    per_reg = Counter(v.reg for v in prog.values)
+    made: dict[tuple, int] = {}              # (step fn, input value) -> forward scratch value
+    for op in ops:
+        if op.phase == "forward":
+            for s, v, out in _reshard_steps(prog, op):
+                made.setdefault((s.fn, v), out)
+    found: dict[int, list[tuple[int, int, int]]] = {}   # value -> (op position, step's
+    # result register, forward result value)
+    readers: dict[int, set[int]] = {}        # forward value -> backward ops reading it
+    for k, op in enumerate(ops):
+        if op.phase == "forward":
+            continue
+        for v in op.ins:
+            if v is not None:
+                readers.setdefault(v, set()).add(k)
+        for s, v, _ in _reshard_steps(prog, op):
+            u = made.get((s.fn, v))
+            if u is not None and prog.values[u].nbytes <= prog.values[v].nbytes and \
+                    per_reg[prog.values[v].reg] == 1 and \
+                    sum(prog.values[v].reg in t.ins for t in op.steps) == 1 and \
+                    all(v not in pair for pair in op.inplace + op.views):
+                found.setdefault(v, []).append((k, s.outs[0], u))
+    for v, sites in found.items():
+        if {k for k, _, _ in sites} != readers.get(v) or len(sites) != len(readers[v]):
+            continue
+        for k, r, u in sites:
+            op = ops[k]
+            j = next(j for j, s in enumerate(op.steps) if s.outs == (r,))
+            swap = {r: prog.values[u].reg}
+            steps = tuple(replace(s, ins=tuple(swap.get(x, x) for x in s.ins))
+                          for s in op.steps[:j] + op.steps[j + 1:])
+            c = sum(s.kind == "collective" for s in op.steps[:j])  # its label's position
+            coll = op.collectives[:c] + op.collectives[c + 1:] \
+                if op.steps[j].kind == "collective" else op.collectives
+            ops[k] = replace(op, steps=steps, ins=tuple(u if x == v else x for x in op.ins),
+                             scratch=tuple(x for x in op.scratch if prog.values[x].reg != r),
+                             collectives=coll, attrs=(op.attrs + ", " if op.attrs else "")
+                             + f"reads #{prog.values[u].producer}'s reshard")
+
+
+def _reshard_steps(prog: "Program", op: "ProgramOp") -> list:
+    """(step, input value, result value) of the op's collective steps that read one of its
+    inputs directly and make a scratch value no later step of the op writes."""
+    regs = {prog.values[v].reg: v for v in op.ins if v is not None}
+    scratch = {prog.values[v].reg: v for v in op.scratch}
+    written = {r for s in op.steps for r in s.writes}
+    return [(s, regs[s.ins[0]], scratch[s.outs[0]]) for s in op.steps
+            if s.kind == "collective" and len(s.ins) == len(s.outs) == 1 and not s.writes
+            and s.ins[0] in regs and s.outs[0] in scratch and s.outs[0] not in written]
 
 
 def _clone_op(prog: "Program", op: "ProgramOp", copies: dict[int, int], index: int
@@ -187,10 +267,11 @@ def _clone_op(prog: "Program", op: "ProgramOp", copies: dict[int, int], index: i
         prog.values.append(replace(v, id=vid, name=f"{v.name}'", reg=reg, producer=index))
         prog.reg_value[reg] = vid
         copies[m] = vid
-    s = op.steps[0]
+    s = op.steps[-1]
     step = replace(s, ins=tuple(regs.get(r, r) for r in s.ins), outs=tuple(regs[r] for r in s.outs))
-    return replace(op, index=index, phase="backward", steps=(step,),
-                   ins=tuple(None if v is None else copies.get(v, v) for v in op.ins),
+    return replace(op, index=index, phase="backward", steps=(step,), scratch=(), collectives=(),
+                   ins=tuple(None if v is None else copies.get(v, v)
+                             for v in _kernel_inputs(prog, op)),
                    outs=tuple(copies[m] for m in op.outs),
                    views=tuple((copies.get(x, x), copies[y]) for x, y in op.views),
                    attrs=(op.attrs + ", " if op.attrs else "") + f"recomputes #{op.index}")

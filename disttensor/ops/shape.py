@@ -60,9 +60,18 @@ def _reshape_bwd(node, g):
     return reshape_to(g, node.in_shapes[0])
 
 
-register("reshape", lambda xp, x, shape: x.reshape(shape), backward=_reshape_bwd, rule="reshape",
-         view=_VIEW, view_if=reshape_is_view, dtype=_SAME, no_need_buffer=(0,),
-         local_attrs=_local_out_shape)
+def _reshape_kernel(xp, x, shape, out=None):
+    """``x.reshape(shape)``; with ``out=`` (a reshape that copies, planned in an arena) the
+    elements are copied straight into ``out``, without a temporary."""
+    if out is None:
+        return x.reshape(shape)
+    xp.copyto(out.reshape(x.shape), x)
+    return out
+
+
+register("reshape", _reshape_kernel, backward=_reshape_bwd, rule="reshape", view=_VIEW,
+         view_if=reshape_is_view, dtype=_SAME, no_need_buffer=(0,), local_attrs=_local_out_shape,
+         accepts_out=True)
 register("transpose", lambda xp, x, perm: xp.transpose(x, perm),
          backward=lambda node, g: transpose(g, list(np.argsort(node.attrs["perm"]))),
          rule="transpose", view=_VIEW, dtype=_SAME, no_need_buffer=(0,))

@@ -132,6 +132,8 @@ CASES = {
     "matmul": [((n(2, 3, 4), n(4, 5)), {}, None), ((n(2, 3, 4), n(5, 4)), {"transpose_y": True}, None),
                ((n(2, 4, 3), n(4, 5)), {"transpose_x": True}, None), ((X, n(4, 2)), {}, None),
                ((n(2, 3, 4), n(2, 4, 5)), {}, None)],
+    "reshape": [((n(2, 3, 4).transpose(1, 0, 2),), {"shape": (3, 8)}, None),
+                ((X,), {"shape": (2, 6)}, X.reshape(2, 6))],
     "set_value": [((X, np.array(5.0)), {"index": (slice(0, 2), 1)},
                    np.where((np.arange(3)[:, None] < 2) & (np.arange(4) == 1), 5.0, X))],
     "cross_entropy_grad": [((_softmax(LOGITS, 1), LABEL, DLOSS),
@@ -159,6 +161,8 @@ def _oracle(name, inputs, attrs, ref):
         return _matmul_oracle(*inputs, **attrs)
     if name == "add":
         return inputs[0] + inputs[1]
+    if name == "reshape":  # numpy's C-order reshape of a strided array
+        return np.array(inputs[0].tolist()).reshape(attrs["shape"])
     raise AssertionError(name)
 
 

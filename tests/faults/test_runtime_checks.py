@@ -75,6 +75,23 @@ def test_agreement_is_paid_once_per_fingerprint():
     assert dt.cache_info()["agreed_fingerprints"] == before
 
 
+def test_the_ranks_of_a_group_keep_and_evict_the_same_fingerprints(monkeypatch):
+    """Rank 0 alone agrees on more fingerprints (on a mesh of its own) than the cache holds per
+    group; a fingerprint every rank agreed on before is then known to all of them, so using it
+    again runs the same collectives everywhere. (One LRU over all groups had evicted it on rank
+    0 only, which then checked it alone while the others went on.)"""
+    from disttensor.distributed import agreement
+    monkeypatch.setattr(agreement, "CACHE_LIMIT", 4)
+    n = dt.get_world_size()
+    mesh = world_mesh()
+    dt.shard_tensor(np.ones((n, 7)), mesh, [Shard(0)])
+    if dt.get_rank() == 0:
+        for rows in range(1, 7):
+            dt.shard_tensor(np.ones((rows, 5)), ProcessMesh([0]), [Replicate()])
+    x = dt.shard_tensor(np.ones((n, 7)), mesh, [Shard(0)])
+    assert float(x.sum().numpy()) == n * 7
+
+
 def test_shard_tensor_from_one_rank():
     n = dt.get_world_size()
     mesh = world_mesh()

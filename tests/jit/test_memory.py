@@ -209,6 +209,9 @@ def test_planned_step_is_tight_verified_and_equals_eager(model_name, size, scope
     assert report["scope"] == scope
     copies = prog.forward.source.count("_into(") + prog.backward.source.count("_into(")
     assert (copies > 0) == (scope == "all")  # only "all" copies what a kernel made itself
+    buckets = [op.outs[0] for op in prog.ops if op.name == "grad_bucket_start"]
+    assert bool(buckets) == (mesh.shape[0] > 1)  # data parallel: buckets, packed in the arena
+    assert all(prog.values[b].reg in prog.memory.group for b in buckets)
     assert losses == eager[0]
     for k in eager[1]:
         np.testing.assert_array_equal(params[k], eager[1][k], err_msg=k)
@@ -292,3 +295,38 @@ def test_plan_memory_values_are_checked():
     with pytest.raises(ValueError, match="to_static: argument 'plan_memory'='some': expected "
                                          "'kernels', 'all' or False"):
         dt.jit.to_static(lambda x: x, plan_memory="some")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scope", ["kernels", "all"])
+def test_a_layout_unchanged_reshard_copies_nothing_when_its_input_dies(scope, comm):
+    """A reshard to the layout a value already has is a copy (eager returns a new tensor). In a
+    planned replay the copy takes its input's block when the input dies there, and nothing
+    moves; where the input is read afterwards, the copy has its own block and writing into the
+    copy leaves the input as it was. Oracle: numpy on the global arrays."""
+    mesh = dt.ProcessMesh(list(range(WORLD)), dim_names=["x"])
+    rng = np.random.default_rng(0)
+
+    def step(x):
+        y = dt.reshard(x * 2.0, mesh, [dt.Shard(0)])   # x * 2 dies at the copy
+        z = x * 3.0
+        w = dt.reshard(z, mesh, [dt.Shard(0)])         # z is read again below
+        w.scale_(1.0, 1.0)
+        return y + w + z
+
+    captured = dt.jit.to_static(step, plan_memory=scope)
+    for k in range(3):
+        a = rng.standard_normal((4 * WORLD, 8))
+        out = captured(dt.shard_tensor(a, mesh, [dt.Shard(0)])).numpy()
+        np.testing.assert_allclose(out, 2 * a + (3 * a + 1) + 3 * a, rtol=1e-12)
+    prog = captured.program
+    verify(prog, prog.memory)
+    copies = [op for op in prog.ops if op.name == "reshard"]
+    assert len(copies) == 2 and all(s.kind == "local" for op in copies for s in op.steps)
+    reused = [(i, o) for name, i, o in prog.memory.reused if name == "reshard"]
+    names = {v: prog.values[v].name for op in copies for v in op.ins + op.outs}
+    assert reused == [(names[copies[0].ins[0]], names[copies[0].outs[0]])]
+    group = prog.memory.group
+    y, w = (prog.values[op.outs[0]].reg for op in copies)
+    assert group[y] == group[prog.values[copies[0].ins[0]].reg]
+    assert group.get(w, "outside the arena") != group[prog.values[copies[1].ins[0]].reg]
