@@ -468,9 +468,7 @@ def bn_moments(x, sums):
     ``c * (2 * sum - rows * c)`` (what ``norm.batch_moments`` all-reduces)."""
     rows, n = x.shape
     c = np.empty(n, x.dtype)
-    for j in range(n):
-        sums[0, j] = 0.0
-        sums[1, j] = 0.0
+    sums[:, :] = 0.0
     for i in range(rows):
         for j in range(n):
             sums[0, j] += x[i, j]
@@ -511,9 +509,7 @@ def bn_grad_sums(x, mean, rstd, dout, sums):
     """Per channel: ``sums[0] = sum(dout)``, ``sums[1] = sum(dout * xhat)``, xhat = (x - mean)
     * rstd."""
     rows, n = x.shape
-    for j in range(n):
-        sums[0, j] = 0.0
-        sums[1, j] = 0.0
+    sums[:, :] = 0.0
     for i in range(rows):
         for j in range(n):
             sums[0, j] += dout[i, j]
