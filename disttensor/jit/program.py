@@ -364,6 +364,19 @@ def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
     return instr.fn, instr.accepts_out
 
 
+def _with_nones(fn: Callable, positions: list[int], n_args: int) -> Callable:
+    """``fn`` called with None at argument ``positions`` (of ``n_args``) and the given
+    arguments, in order, at the others."""
+    present = [k for k in range(n_args) if k not in positions]
+
+    def call(*args, **kwargs):
+        full = [None] * n_args
+        for k, a in zip(present, args):
+            full[k] = a
+        return fn(*full, **kwargs)
+    return call
+
+
 def _out_specs(plan, n_outputs: int) -> list[OutSpec]:
     specs = list(plan.outputs)
     if plan.op.n_out == -1 and len(specs) == 1 and n_outputs != 1:  # a dense split
@@ -439,7 +452,11 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
         scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
             np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
         fn, takes_out = _bind(instr, plan, rec.attrs, xp)
-        steps.append(Step(instr.kind, fn, tuple(slot_reg[i] for i in instr.ins),
+        absent = [k for k, i in enumerate(instr.ins) if i < plan.n_in and rec.inputs[i] is None]
+        if absent:  # an optional input not given (layer_norm without weight): None, bound
+            fn = _with_nones(fn, absent, len(instr.ins))
+        steps.append(Step(instr.kind, fn, tuple(slot_reg[i] for k, i in enumerate(instr.ins)
+                                                if k not in absent),
                           tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
                           takes_out and len(out_regs) == 1))
     outs, inplace, views = [], [], []
