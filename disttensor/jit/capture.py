@@ -271,8 +271,12 @@ def _bind_results(prog: Program, result: Any, tensors: list, cap: _Capture) -> N
         if t.grad is not before:
             target = next((("arg", k) for k, a in enumerate(tensors) if a is t), ("ext", t))
             prog.grads.append((target, None if t.grad is None else ref(t.grad)))
+    entry = {id(t): before for t, before in cap.grads.values()}  # .grad when the step began
     prog.guards = [(t, t._value, tuple(t._value.shape), np.dtype(t.dtype), _layout_key(t),
-                    t.grad is None) for _, t in prog.externals]
+                    entry.get(id(t), t.grad) is None) for _, t in prog.externals]
+    owner = {id(before): t for t, before in cap.grads.values() if before is not None}
+    prog.entry_grads = [(prog.values[vid].reg, owner[id(g)]) for vid, g in prog.externals
+                        if id(g) in owner]
 
 
 def _layout_key(t: Tensor):
@@ -319,6 +323,7 @@ def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
     fwd, bwd = prog.split()
     regs: dict[int, Any] = {reg: t._local_array() for reg, t in zip(prog.data_regs, tensors)}
     regs.update((reg, t._local_array()) for reg, t in prog.external_regs)
+    regs.update((reg, t.grad._local_array()) for reg, t in prog.entry_grads)
     for sub in (fwd, bwd):
         regs.update(zip(sub.out_regs, sub.fn(regs)))
     for t, n in prog.version_bumps:

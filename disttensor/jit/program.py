@@ -166,6 +166,9 @@ class Program:
         self.backward: SubProgram | None = None
         self.reg_value: dict[int, int] = {}    # register -> its latest value id
         self.guards: list = []                 # what a replay checks about the externals
+        # (register, tensor): an external that is the tensor's .grad when the step began (a
+        # gradient it accumulates into), read from that tensor's .grad on every replay
+        self.entry_grads: list[tuple[int, Any]] = []
         self.provisional: str | None = None    # why the program must be captured again
         self.plan_memory: str | None = "kernels"  # what replays in the arena (buffers.py)
         self.recompute = False                 # rematerialize cheap forward values (remat.py)

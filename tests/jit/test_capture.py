@@ -98,6 +98,33 @@ def test_an_op_that_reads_and_writes_one_value():
     _both(make)
 
 
+@pytest.mark.parametrize("clear", ["never", "to_none_outside"])
+def test_gradients_accumulate_across_replays_as_in_eager_mode(clear):
+    """A step that does not clear its gradients: each replay adds to the .grad the tensor holds
+    when the step begins (not to the one it held at capture); gradients set to None outside
+    the step between calls need no new capture."""
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((4, 3)).astype(np.float32) for _ in range(4)]
+    w = dt.to_tensor(rng.standard_normal((3, 2)).astype(np.float32), stop_gradient=False)
+    w0 = w.numpy().copy()
+
+    def step(x):
+        loss = ((x @ w) ** 2).sum()
+        loss.backward()
+        return loss
+    f = dt.jit.to_static(step)
+    want = np.zeros_like(w0, dtype=np.float64)
+    for x in xs:
+        if clear == "to_none_outside":
+            w.clear_grad()
+            want[...] = 0
+        f(dt.to_tensor(x))
+        want += x.T.astype(np.float64) @ (2 * (x @ w0))  # d sum((xw)^2) / dw
+        np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-5, atol=1e-5)
+    # no gradient, then one at entry: two programs; clearing to None each time: one
+    assert f.captures == (2 if clear == "never" else 1)
+
+
 def test_optional_inputs_left_out_are_captured():
     """layer_norm without weight and bias, linear without bias: the kernels get None for the
     missing inputs on replay too; loss and gradient against numpy on every step."""
