@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (DistAttr, SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name,
-                   register_rule)
+from .base import (DistAttr, SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of,
+                   op_name, register_rule)
 from .einsum import layout, merge_shardings
 
 __all__ = ["cross_entropy", "cross_entropy_grad", "cross_entropy_mean",

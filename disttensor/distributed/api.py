@@ -153,11 +153,12 @@ def _reshard_bwd(node, g):
 register("reshard", None, rule=None, backward=_reshard_bwd)
 
 
-def reshard_to(x: Tensor, mesh: ProcessMesh, attr: DistAttr) -> Tensor:
-    """``x`` laid out as ``attr`` on ``mesh`` (Partial targets included): always a new tensor."""
+def reshard_to(x: Tensor, mesh: ProcessMesh, attr: DistAttr, plan: Plan | None = None) -> Tensor:
+    """``x`` laid out as ``attr`` on ``mesh`` (Partial targets included): always a new tensor.
+    ``plan``: the one :func:`_reshard_plan` gives, when the caller has it already."""
     v = x._value
     src = (v.mesh, v.dist_attr) if type(v) is DistTensor else (None, None)
-    return run(_reshard_plan(x, mesh, attr), (x,),
+    return run(plan or _reshard_plan(x, mesh, attr), (x,),
                {"mesh": mesh, "dist_attr": attr, "src_mesh": src[0], "src_attr": src[1]})
 
 
@@ -174,6 +175,10 @@ def reshard_plan(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
 _RESHARD_CALLS: dict = {}
 
 
+def _call_key(v: DistTensor, interned_mesh: ProcessMesh, placements: tuple) -> tuple:
+    return (id(v.mesh), id(v.dist_attr), v.shape, v.dtype, id(interned_mesh), placements)
+
+
 @public()
 def reshard(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Tensor:
     """``x`` laid out as ``placements`` on ``mesh`` (a new tensor; collectives as planned).
@@ -187,13 +192,11 @@ def reshard(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Te
         try:
             placements = tuple(placements)
             m = mesh if id(mesh) in _MESH_IDS else _MESHES.get(mesh)
-            hit = m is not None and _RESHARD_CALLS.get(
-                (id(v.mesh), id(v.dist_attr), v.shape, v.dtype, id(m), placements))
+            hit = m is not None and _RESHARD_CALLS.get(_call_key(v, m, placements))
         except TypeError:  # unhashable arguments: the checks below name them
             hit = None
         if hit:
-            return run(hit[1], (x,), {"mesh": mesh, "dist_attr": hit[0], "src_mesh": v.mesh,
-                                      "src_attr": v.dist_attr})
+            return reshard_to(x, mesh, *hit)
     v = _dist_value("reshard", x)
     attr = _check_placements("reshard", mesh, placements, x.ndim, x.shape, v.dtype)
     check_reshard(v, mesh, attr)
@@ -201,10 +204,8 @@ def reshard(x: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Te
     if type(placements) is tuple and not CHECK_COLLECTIVES:
         if len(_RESHARD_CALLS) >= 4096:
             del _RESHARD_CALLS[next(iter(_RESHARD_CALLS))]
-        _RESHARD_CALLS[(id(v.mesh), id(v.dist_attr), v.shape, v.dtype,
-                        id(canonical_mesh(mesh)), placements)] = (attr, plan)
-    return run(plan, (x,), {"mesh": mesh, "dist_attr": attr, "src_mesh": v.mesh,
-                            "src_attr": v.dist_attr})
+        _RESHARD_CALLS[_call_key(v, canonical_mesh(mesh), placements)] = (attr, plan)
+    return reshard_to(x, mesh, attr, plan)
 
 
 # -- creation and conversion -----------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Compiled kernels for softmax, layer_norm, relu (relu_ included) and gelu and their gradients,
 and Adam's elementwise update; cross entropy's rows and gradient (class axis last and whole on
 the rank) and training batch_norm and its gradient (channels last in memory: x 2-d or
-channels-last), chosen once at import: the numba loops of :mod:`.numba_loops` when numba is installed
-(``pip install "disttensor[fast]"``), else the numpy kernels.
+channels-last), chosen once at import: the numba loops of :mod:`.numba_loops` when numba is
+installed (``pip install "disttensor[fast]"``), else the numpy kernels.
 
 ``DISTTENSOR_KERNELS`` picks: ``auto`` (the default: numba when importable), ``numba`` (an
 ImportError without it) or ``numpy``. :data:`BACKEND` says which was chosen.
@@ -11,7 +11,8 @@ Each factory here takes an op's numpy kernel and returns the kernel to register:
 one of the same signature that runs the compiled loop when the call fits it — numpy arrays
 (not cupy) of one float dtype (float32 or float64), C-contiguous, non-empty, of one shape,
 reducing over the last axis (softmax) or trailing axes (layer_norm), exact gelu in float32 only,
-Adam's four arrays disjoint — and calls the numpy kernel otherwise (its ``__wrapped__``). Results equal the numpy kernels' within rounding (tests/core/test_fast_kernels).
+Adam's four arrays disjoint — and calls the numpy kernel otherwise (its ``__wrapped__``).
+Results equal the numpy kernels' within rounding (tests/core/test_fast_kernels).
 The loops are single-threaded, like ranks run (``OMP_NUM_THREADS=1``). ``import numba`` (about
 a second) waits for the first compiled call; each loop compiles once per dtype (and in-place
 form) into numba's on-disk cache (``cache=True``), so later processes load it.

@@ -167,11 +167,11 @@ def _channel_dot(xp, a, b, red: tuple[int, ...]):
 def batch_moments(xp, ctx, red: tuple[int, ...], total, m2, c, n: int, count: int):
     """[mean, biased variance] (float64, per channel) of the whole batch from this piece's
     per-channel sum ``total``, its sum of squares about ``c`` (``m2``, c near the piece's mean),
-    its ``n`` elements per channel and the batch's ``count``, with one all-reduce over the mesh dims sharding the axes
-    ``red``: of [sum, sum of squares] where this piece's sum of squares is ``m2 + c * (2 * total
-    - n * c)`` in float64. Only the pieces' means are squared, so the cancellation in ``E[x^2] -
-    mean^2`` is that of their spread around the global mean (Chan's parallel variance), not of
-    x's."""
+    its ``n`` elements per channel and the batch's ``count``, with one all-reduce over the mesh
+    dims sharding the axes ``red``: of [sum, sum of squares] where this piece's sum of squares is
+    ``m2 + c * (2 * total - n * c)`` in float64. Only the pieces' means are squared, so the
+    cancellation in ``E[x^2] - mean^2`` is that of their spread around the global mean (Chan's
+    parallel variance), not of x's."""
     c = c.astype(np.float64)
     sums = ctx.allreduce(xp.stack([total, m2 + c * (2.0 * total - n * c)]), "sum", 0, red)
     mean = sums[0] / count
