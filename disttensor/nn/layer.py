@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..dispatch import moved
 from ..tape import no_grad
 from ..dtype import to_np_dtype
 from ..ops import cast, to_tensor, zeros, zeros_like
@@ -462,11 +463,20 @@ class Layer:
         _clear_grads(self.parameters(), set_to_zero)
 
     def to(self, device: Any = None, dtype: Any = None, blocking: Any = None) -> "Layer":
-        """Convert floating parameters and buffers to ``dtype`` in place of their values (the
-        tensor objects, and their mesh and placements, are kept; gradients are dropped)."""
+        """Move parameters and buffers to ``device`` ("cpu", "gpu", "gpu:N"; "cuda[:N]" is read
+        as "gpu[:N]") and convert the floating ones to ``dtype``, in place of their values (the
+        tensor objects, and their mesh and placements, are kept; gradients are dropped).
+        Optimizer states made before the move stay where they were: move first."""
         if device is not None:
-            raise NotImplementedError(f"{type(self).__name__}.to: moving to device {device!r} "
-                                      "is not supported; create tensors on their place")
+            place = str(device).replace("cuda", "gpu", 1)
+            if not re.fullmatch(r"cpu|gpu(:\d+)?", place):
+                raise ValueError(f"{type(self).__name__}.to: argument 'device' must be 'cpu', "
+                                 f"'gpu' or 'gpu:N', got {device!r}")
+            for t in self.parameters() + self.buffers():
+                value = moved(t._value, place)
+                if value is not t._value:
+                    t._value = value
+                    t.grad = None
         if dtype is None:
             return self
         d = to_np_dtype(dtype)

@@ -238,6 +238,16 @@ def test_to_dtype_keeps_identity():
     assert m(dt.ones([4, 2], dtype="float64")).dtype == dt.float64
 
 
+def test_to_device_checks_the_name_and_keeps_what_is_there():
+    m = nn.Linear(2, 3)
+    w, before = m.weight, m.weight.numpy().copy()
+    m.to(device="cpu")
+    assert m.weight is w and m.weight._value is w._value
+    np.testing.assert_array_equal(m.weight.numpy(), before)
+    with pytest.raises(ValueError, match=r"Linear.to: argument 'device' .*'tpu'"):
+        m.to(device="tpu")
+
+
 def test_embedding_padding_idx():
     emb = nn.Embedding(10, 4, padding_idx=-1)
     assert emb._padding_idx == 9
