@@ -252,16 +252,17 @@ class HandGPT:
 
 # -- the step in torch ------------------------------------------------------------------------
 
-def torch_step_fn(params: dict, cfg: tuple):
-    """(step(tokens, labels) -> loss) for the same model in torch (CPU, one thread)."""
+def torch_step_fn(params: dict, cfg: tuple, device: str = "cpu"):
+    """(step(tokens, labels) -> loss) for the same model in torch (one CPU thread, or on
+    ``device`` "cuda")."""
     import torch
     torch.set_num_threads(1)
     vocab, seq, d, heads, layers, _ = cfg
     hd = d // heads
-    p = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    p = {k: torch.tensor(v, requires_grad=True, device=device) for k, v in params.items()}
     opt = torch.optim.AdamW(list(p.values()), lr=LR, betas=(BETA1, BETA2), eps=EPS,
                             weight_decay=WD)
-    mask = torch.triu(torch.full((seq, seq), -1e9), diagonal=1)
+    mask = torch.triu(torch.full((seq, seq), -1e9, device=device), diagonal=1)
     fn = torch.nn.functional
 
     def forward(tokens):
@@ -283,8 +284,9 @@ def torch_step_fn(params: dict, cfg: tuple):
         return a @ p["head.weight"]
 
     def step(tokens, labels):
-        logits = forward(torch.from_numpy(tokens))
-        loss = fn.cross_entropy(logits.reshape(-1, vocab), torch.from_numpy(labels).reshape(-1))
+        logits = forward(torch.from_numpy(tokens).to(device))
+        loss = fn.cross_entropy(logits.reshape(-1, vocab),
+                                torch.from_numpy(labels).to(device).reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -83,8 +83,8 @@ class GPT(nn.Layer):
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias_attr=False)
         causal = np.triu(np.full((seq, seq), -1e9, dtype=np.float32), k=1)
-        self.mask = dt.to_tensor(causal)
-        self.pos = dt.arange(seq)
+        self.register_buffer("mask", dt.to_tensor(causal), persistable=False)
+        self.register_buffer("pos", dt.arange(seq), persistable=False)
 
     def forward(self, tokens):
         x = self.wte(tokens) + self.wpe(self.pos)
@@ -147,10 +147,11 @@ SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
 
 
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
-          dtype: str = "float32", size: str = "default", sharding: int = 0):
+          dtype: str = "float32", size: str = "default", sharding: int = 0,
+          device: str = "cpu"):
     """(model, optimizer, batches): the model of ``SIZES[size]`` placed on ``mesh`` (dense
-    without one), AdamW (ZeRO stage ``sharding`` on the dp mesh dim when > 0), and the four
-    global (x, y) batches the steps cycle through."""
+    without one) and moved to ``device``, AdamW (ZeRO stage ``sharding`` on the dp mesh dim
+    when > 0), and the four global (x, y) batches the steps cycle through."""
     dt.seed(seed)
     rng = np.random.default_rng(seed)
     dims = SIZES[size][model_name]
@@ -168,6 +169,7 @@ def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 
         dt.shard_layer(model, mesh, shard_mlp)
     elif mesh is not None:
         dt.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": GPT_PLAN}})
+    model.to(device=device)
     opt = dt.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.01)
     if sharding:
         if mesh is None:
@@ -179,12 +181,14 @@ def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 
     return model, opt, batches
 
 
-def to_tensors(xb: np.ndarray, yb: np.ndarray, mesh: dt.ProcessMesh | None):
-    """A batch as tensors: sharded on the dp mesh dim, or dense without a mesh."""
+def to_tensors(xb: np.ndarray, yb: np.ndarray, mesh: dt.ProcessMesh | None,
+               device: str = "cpu"):
+    """A batch as tensors on ``device``: sharded on the dp mesh dim, or dense without a mesh."""
+    x, y = dt.to_tensor(xb, place=device), dt.to_tensor(yb, place=device)
     if mesh is None:
-        return dt.to_tensor(xb), dt.to_tensor(yb)
+        return x, y
     data_pl = [Shard(0), Replicate()]
-    return dt.shard_tensor(xb, mesh, data_pl), dt.shard_tensor(yb, mesh, data_pl)
+    return dt.shard_tensor(x, mesh, data_pl), dt.shard_tensor(y, mesh, data_pl)
 
 
 def train_step(model: nn.Layer, opt, x, y):
@@ -222,7 +226,7 @@ def resume(path: str, model: nn.Layer, opt) -> int:
 
 def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype,
-                                sharding=args.sharding)
+                                sharding=args.sharding, device=args.device)
     first = 1
     if args.resume:
         first = resume(os.path.join(args.resume, model_name), model, opt) + 1
@@ -235,7 +239,7 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     rank0 = dt.get_rank() == 0
     for step in range(first, args.steps + 1):
         t0 = time.perf_counter()
-        x, y = to_tensors(*batches[(step - 1) % 4], mesh)
+        x, y = to_tensors(*batches[(step - 1) % 4], mesh, args.device)
         loss = step_fn(x, y)
         value = float(loss.numpy())
         losses.append(value)
@@ -290,9 +294,6 @@ def main(argv=None) -> dict:
                    help="resume from the checkpoints in DIR (any mesh or world size)")
     p.add_argument("--loss-out", default=None, help="write the loss curves as JSON here")
     args = p.parse_args(argv)
-    if args.device == "gpu":
-        raise SystemExit("train.py: --device gpu needs the GPU kernels path (cupy); run on a "
-                         "machine with cupy and a CUDA device")
     dt.init_parallel_env()
     world = dt.get_world_size()
     mesh = None if args.dense else default_mesh(world, args.mesh)
