@@ -10,7 +10,7 @@ from ..dispatch import apply
 from ..dtype import to_np_dtype
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
-from . import fast
+from . import fast, gpu_fused
 from .common import as_tensor, grad_op_backward, normalize_axis
 from .elementwise import cast
 
@@ -78,11 +78,11 @@ def _log_softmax_grad_kernel(xp, y, dout, axis, out=None):
     return xp.subtract(dout, e, out=e if out is None else out)
 
 
-register("softmax_grad", fast.softmax_grad(_softmax_grad_kernel), rule="softmax", reuse=(1,),
+register("softmax_grad", fast.softmax_grad(gpu_fused.softmax_grad(_softmax_grad_kernel)), rule="softmax", reuse=(1,),
          accepts_out=True)
 register("log_softmax_grad", _log_softmax_grad_kernel, rule="softmax", reuse=(1,),
          accepts_out=True)
-register("softmax", fast.softmax(_softmax_kernel), backward=grad_op_backward("softmax_grad"), rule="softmax",
+register("softmax", fast.softmax(gpu_fused.softmax(_softmax_kernel)), backward=grad_op_backward("softmax_grad"), rule="softmax",
          save_outputs=(0,), reuse=(0,), dtype=same_dtype(0), accepts_out=True)
 register("log_softmax", _log_softmax_kernel, backward=grad_op_backward("log_softmax_grad"),
          rule="softmax", save_outputs=(0,), reuse=(0,), dtype=same_dtype(0), accepts_out=True)

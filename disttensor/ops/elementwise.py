@@ -16,7 +16,7 @@ from ..dtype import to_np_dtype
 from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
                       same_dtype, ufunc_dtype)
 from ..tensor import Tensor
-from . import fast
+from . import fast, gpu_fused
 from .common import as_tensor, grad_op_backward, sum_to_shape
 
 # -- binary arithmetic -------------------------------------------------------------------------
@@ -316,8 +316,9 @@ _unary("sigmoid", _floating(_sigmoid), _times_g(_sigmoid_derivative), dtype=_FLO
 _unary("relu", fast.relu(_relu), fast.relu_grad(_times_g(lambda xp, out: out > 0)),
        inplace=True)
 _unary("silu", _floating(_silu), _silu_grad, save="x", dtype=_FLOAT)
-register("gelu_grad", fast.gelu_grad(_gelu_grad), rule="elementwise", reuse=(1,), accepts_out=True)
-register("gelu", _floating(fast.gelu(_gelu)), backward=grad_op_backward("gelu_grad"),
+register("gelu_grad", fast.gelu_grad(gpu_fused.gelu_grad(_gelu_grad)), rule="elementwise",
+         reuse=(1,), accepts_out=True)
+register("gelu", _floating(fast.gelu(gpu_fused.gelu(_gelu))), backward=grad_op_backward("gelu_grad"),
          rule="elementwise", save_inputs=(0,), reuse=(0,), dtype=_FLOAT, accepts_out=True,
          recompute=True)
 

@@ -8,7 +8,7 @@ parameter, gradient and states share one layout; scalars broadcast)."""
 from __future__ import annotations
 
 from ..schema import register, same_dtype
-from . import fast
+from . import fast, gpu_fused
 
 
 def _scalar(a) -> float:
@@ -36,7 +36,7 @@ def _adam_elementwise(xp, param, grad, moment1, moment2, beta1, beta2, eps, l2, 
     param -= tmp
 
 
-_adam_pass = fast.adam(_adam_elementwise)
+_adam_pass = fast.adam(gpu_fused.adam(_adam_elementwise))
 
 
 def _adam_kernel(xp, param, grad, moment1, moment2, beta1_pow, beta2_pow, lr, beta1, beta2,
