@@ -59,6 +59,13 @@ def _is_cupy(x) -> bool:
     return type(x) is not np.ndarray and hasattr(x, "__cuda_array_interface__")
 
 
+def _fusable(x, *others) -> bool:
+    """cupy arrays, x float32/float64 and non-empty, the others (None skipped) of x's dtype."""
+    if not _is_cupy(x) or x.dtype not in (np.float32, np.float64) or not x.size:
+        return False
+    return all(a is None or (_is_cupy(a) and a.dtype == x.dtype) for a in others)
+
+
 def _into(kernel, out, *args):
     """``kernel(*args)`` into ``out`` when given (which may be one of the inputs)."""
     return kernel(*args) if out is None else kernel(*args, out)
@@ -68,7 +75,7 @@ def gelu(numpy_kernel: Kernel) -> Kernel:
     """``gelu(xp, x, approximate=False, out=None)``."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, x, approximate=False, out=None):
-        if not _is_cupy(x):
+        if not _fusable(x, out):
             return numpy_kernel(xp, x, approximate=approximate, out=out)
         return _into(_kernel("gelu_tanh" if approximate else "gelu_erf"), out, x)
     return kernel
@@ -78,7 +85,7 @@ def gelu_grad(numpy_kernel: Kernel) -> Kernel:
     """``gelu_grad(xp, x, dout, approximate=False, out=None)``."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, x, dout, approximate=False, out=None):
-        if not _is_cupy(x):
+        if not _fusable(x, dout, out):
             return numpy_kernel(xp, x, dout, approximate=approximate, out=out)
         return _into(_kernel("gelu_tanh_grad" if approximate else "gelu_erf_grad"), out, x, dout)
     return kernel
@@ -88,7 +95,7 @@ def adam(numpy_kernel: Kernel) -> Kernel:
     """``adam(xp, param, grad, moment1, moment2, beta1, beta2, eps, l2, decay, step)`` in place."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, param, grad, moment1, moment2, *scalars):
-        if not _is_cupy(param):
+        if not _fusable(param, grad, moment1, moment2):
             return numpy_kernel(xp, param, grad, moment1, moment2, *scalars)
         _kernel("adam")(grad, *(float(c) for c in scalars), param, moment1, moment2)
     return kernel
@@ -212,13 +219,6 @@ def _column_sums():
                                 "0", "disttensor_ln_dweight")
 
 
-def _row_floats(x, *others) -> bool:
-    """cupy arrays, x float32/float64 and non-empty, the others (None skipped) of x's dtype."""
-    if not _is_cupy(x) or x.dtype not in (np.float32, np.float64) or not x.size:
-        return False
-    return all(a is None or (_is_cupy(a) and a.dtype == x.dtype) for a in others)
-
-
 def _launch(name: str, rows: int, *args) -> None:
     _row_kernel(name, args[0].dtype)((rows,), (_THREADS,), args)
 
@@ -232,7 +232,7 @@ def softmax(numpy_kernel: Kernel) -> Kernel:
     """``softmax(xp, x, axis, out=None)``: the row kernel over the last axis."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, x, axis, out=None):
-        if axis != x.ndim - 1 or not _row_floats(x, out) or x.shape[-1] > 2 ** 31 - 1:
+        if axis != x.ndim - 1 or not _fusable(x, out) or x.shape[-1] > 2 ** 31 - 1:
             return numpy_kernel(xp, x, axis, out=out)
         x = _contiguous(x)
         res = xp.empty_like(x) if out is None or not out.flags.c_contiguous else out
@@ -248,7 +248,7 @@ def softmax_grad(numpy_kernel: Kernel) -> Kernel:
     """``softmax_grad(xp, y, dout, axis, out=None)``: the row kernel over the last axis."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, y, dout, axis, out=None):
-        if axis != y.ndim - 1 or not _row_floats(y, dout, out) or dout.shape != y.shape:
+        if axis != y.ndim - 1 or not _fusable(y, dout, out) or dout.shape != y.shape:
             return numpy_kernel(xp, y, dout, axis, out=out)
         y, dout = _contiguous(y), _contiguous(dout)
         res = xp.empty_like(y) if out is None or not out.flags.c_contiguous else out
@@ -264,7 +264,7 @@ def layer_norm(numpy_kernel: Kernel) -> Kernel:
     """``layer_norm(xp, x, weight, bias, begin_norm_axis, epsilon) -> (out, mean, rstd)``."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, x, weight, bias, begin_norm_axis, epsilon):
-        if not _row_floats(x, weight, bias):
+        if not _fusable(x, weight, bias):
             return numpy_kernel(xp, x, weight, bias, begin_norm_axis, epsilon)
         lead = x.shape[:begin_norm_axis]
         rows = math.prod(lead)
@@ -284,7 +284,7 @@ def layer_norm_grad(numpy_kernel: Kernel) -> Kernel:
     (dx, dweight, dbias)``: the row kernel for dx, two column sums for dweight and dbias."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon):
-        if not (_row_floats(x, weight, mean, rstd, dout) and dout.shape == x.shape):
+        if not (_fusable(x, weight, mean, rstd, dout) and dout.shape == x.shape):
             return numpy_kernel(xp, x, weight, mean, rstd, dout, begin_norm_axis, epsilon)
         tail = x.shape[begin_norm_axis:]
         rows = math.prod(x.shape[:begin_norm_axis])
