@@ -11,6 +11,7 @@
   rank prints a report naming the test, the ranks that never finished it and the failures the
   others saw, and the job is aborted.
 - A default per-test timeout (120 s, pytest-timeout) for tests without their own marker.
+- ``@pytest.mark.gpu`` tests are skipped where cupy with a CUDA device is not importable.
 - ``DISTTENSOR_TEST_STATUS_DIR``: each rank writes the nodeid of the running test to
   ``rank_<k>.current`` there, so ``tests/run_all.py`` can say what a hung run was doing, and a
   running "passed failed skipped" tally to ``rank_<k>.tally`` (counts survive a killed run).
@@ -56,10 +57,25 @@ def _get_verdict_comm():
     return _verdict_comm
 
 
+def _cuda_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, CUDARuntimeError without a driver, ...
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
+    no_gpu = None
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT))
+        if item.get_closest_marker("gpu") is not None:
+            no_gpu = not _cuda_available() if no_gpu is None else no_gpu
+            if no_gpu:
+                item.add_marker(pytest.mark.skip(
+                    reason="cupy with a CUDA device is not available on this machine"))
 
 
 def pytest_runtest_logstart(nodeid, location):

@@ -105,38 +105,17 @@ def adam(numpy_kernel: Kernel) -> Kernel:
 
 _THREADS = 256
 _ROWS = r"""
-__device__ T warp_sum(T v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ T warp_max(T v) {
-    for (int o = 16; o > 0; o >>= 1) { T u = __shfl_down_sync(0xffffffffu, v, o); v = u > v ? u : v; }
-    return v;
-}
+__device__ T combine(T a, T b, bool is_max) { return is_max ? (a > b ? a : b) : a + b; }
 // the block's total (or maximum) of v, on every thread; sh holds 33 values
-__device__ T block_sum(T v, T* sh) {
+__device__ T block_reduce(T v, T* sh, bool is_max) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_down_sync(0xffffffffu, v, o), is_max);
     if (lane == 0) sh[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = threadIdx.x < (blockDim.x >> 5) ? sh[lane] : (T)0;
-        v = warp_sum(v);
-        if (lane == 0) sh[32] = v;
-    }
-    __syncthreads();
-    v = sh[32];
-    __syncthreads();
-    return v;
-}
-__device__ T block_max(T v, T* sh) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = threadIdx.x < (blockDim.x >> 5) ? sh[lane] : sh[0];
-        v = warp_max(v);
+        v = threadIdx.x < (blockDim.x >> 5) ? sh[lane] : (is_max ? sh[0] : (T)0);
+        for (int o = 16; o > 0; o >>= 1)
+            v = combine(v, __shfl_down_sync(0xffffffffu, v, o), is_max);
         if (lane == 0) sh[32] = v;
     }
     __syncthreads();
@@ -150,10 +129,10 @@ extern "C" __global__ void dt_softmax(const T* x, T* y, int n) {
     T* yr = y + (long long)blockIdx.x * n;
     T m = xr[0];
     for (int i = threadIdx.x; i < n; i += blockDim.x) m = xr[i] > m ? xr[i] : m;
-    m = block_max(m, sh);
+    m = block_reduce(m, sh, true);
     T s = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += exp(xr[i] - m);
-    s = (T)1 / block_sum(s, sh);
+    s = (T)1 / block_reduce(s, sh, false);
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = exp(xr[i] - m) * s;
 }
 extern "C" __global__ void dt_softmax_grad(const T* y, const T* g, T* out, int n) {
@@ -161,7 +140,7 @@ extern "C" __global__ void dt_softmax_grad(const T* y, const T* g, T* out, int n
     long long o = (long long)blockIdx.x * n;
     T d = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) d += y[o + i] * g[o + i];
-    d = block_sum(d, sh);
+    d = block_reduce(d, sh, false);
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[o + i] = y[o + i] * (g[o + i] - d);
 }
 extern "C" __global__ void dt_layer_norm(const T* x, const T* w, const T* b, T* y, T* mean,
@@ -170,10 +149,10 @@ extern "C" __global__ void dt_layer_norm(const T* x, const T* w, const T* b, T* 
     long long o = (long long)blockIdx.x * n;
     T s = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[o + i];
-    T m = block_sum(s, sh) / (T)n;
+    T m = block_reduce(s, sh, false) / (T)n;
     T v = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) { T c = x[o + i] - m; v += c * c; }
-    T r = (T)(1.0 / sqrt((double)(block_sum(v, sh) / (T)n) + eps));
+    T r = (T)(1.0 / sqrt((double)(block_reduce(v, sh, false) / (T)n) + eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         T out = (x[o + i] - m) * r;
         if (has_w) out *= w[i];
@@ -194,8 +173,8 @@ extern "C" __global__ void dt_layer_norm_grad(const T* x, const T* w, const T* m
         a += d;
         c += d * (x[o + i] - m) * r;
     }
-    a = block_sum(a, sh) / (T)n;
-    c = block_sum(c, sh) / (T)n;
+    a = block_reduce(a, sh, false) / (T)n;
+    c = block_reduce(c, sh, false) / (T)n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         T d = has_w ? dout[o + i] * w[i] : dout[o + i];
         dx[o + i] = r * (d - a - (x[o + i] - m) * r * c);
@@ -228,19 +207,26 @@ def _contiguous(a):
     return cupy.ascontiguousarray(a)
 
 
+def _rows_into(name: str, xp, out, *arrays):
+    """The row kernel ``name`` over the last axis of ``arrays`` (made C-contiguous) into ``out``
+    (which may be one of them; a strided ``out`` gets the result copied in) or a new array."""
+    arrays = [_contiguous(a) for a in arrays]
+    x = arrays[0]
+    res = out if out is not None and out.flags.c_contiguous else xp.empty_like(x)
+    _launch(name, x.size // x.shape[-1], *arrays, res, np.int32(x.shape[-1]))
+    if out is not None and res is not out:
+        out[...] = res
+        return out
+    return res
+
+
 def softmax(numpy_kernel: Kernel) -> Kernel:
     """``softmax(xp, x, axis, out=None)``: the row kernel over the last axis."""
     @functools.wraps(numpy_kernel)
     def kernel(xp, x, axis, out=None):
-        if axis != x.ndim - 1 or not _fusable(x, out) or x.shape[-1] > 2 ** 31 - 1:
+        if axis != x.ndim - 1 or not _fusable(x, out):
             return numpy_kernel(xp, x, axis, out=out)
-        x = _contiguous(x)
-        res = xp.empty_like(x) if out is None or not out.flags.c_contiguous else out
-        _launch("dt_softmax", x.size // x.shape[-1], x, res, np.int32(x.shape[-1]))
-        if out is not None and res is not out:
-            out[...] = res
-            return out
-        return res
+        return _rows_into("dt_softmax", xp, out, x)
     return kernel
 
 
@@ -250,13 +236,7 @@ def softmax_grad(numpy_kernel: Kernel) -> Kernel:
     def kernel(xp, y, dout, axis, out=None):
         if axis != y.ndim - 1 or not _fusable(y, dout, out) or dout.shape != y.shape:
             return numpy_kernel(xp, y, dout, axis, out=out)
-        y, dout = _contiguous(y), _contiguous(dout)
-        res = xp.empty_like(y) if out is None or not out.flags.c_contiguous else out
-        _launch("dt_softmax_grad", y.size // y.shape[-1], y, dout, res, np.int32(y.shape[-1]))
-        if out is not None and res is not out:
-            out[...] = res
-            return out
-        return res
+        return _rows_into("dt_softmax_grad", xp, out, y, dout)
     return kernel
 
 

@@ -4,19 +4,7 @@ import pytest
 
 import collectives
 
-REASON = "cupy with a CUDA device is not available on this machine"
-
-
-def _cupy_ok():
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cupy_ok(), reason=REASON)]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 
 @pytest.mark.mpi

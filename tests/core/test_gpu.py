@@ -13,19 +13,7 @@ from disttensor.dispatch import apply
 from core_samples import SAMPLES
 
 
-def _cuda_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # ImportError, CUDARuntimeError without a driver, ...
-        return False
-
-
-pytestmark = [pytest.mark.gpu]
-if not _cuda_available():
-    pytestmark.append(pytest.mark.skip(reason="cupy with a CUDA device is not available on "
-                                              "this machine"))
+pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 # a representative list: every kernel family, every kernel that branches on xp (erf, scatter-add)
 GPU_OPS = ["add", "divide", "maximum", "pow", "exp", "gelu", "sigmoid", "relu", "scale", "cast",

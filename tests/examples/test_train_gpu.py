@@ -17,19 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples
 import train  # noqa: E402
 
 
-def _cuda_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # ImportError, CUDARuntimeError without a driver, ...
-        return False
-
-
-pytestmark = [pytest.mark.gpu]
-if not _cuda_available():
-    pytestmark.append(pytest.mark.skip(reason="cupy with a CUDA device is not available on "
-                                              "this machine"))
+pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 STEPS = 4
 
