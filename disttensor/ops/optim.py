@@ -13,7 +13,7 @@ from . import fast, gpu_fused
 
 def _scalar(a) -> float:
     """A one-element array as a Python float (keeps the update in the parameter's dtype)."""
-    return float(a.reshape(-1)[0])
+    return float(a.item())
 
 
 def _adam_elementwise(xp, param, grad, moment1, moment2, beta1, beta2, eps, l2, decay, step):
