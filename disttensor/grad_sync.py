@@ -139,6 +139,11 @@ def _bucket_key(leaf: Tensor, g: Tensor):
     return gv.mesh, dims, np.dtype(g.dtype)
 
 
+def _address(a: np.ndarray) -> int:
+    """The address of a numpy array's first element."""
+    return a.__array_interface__["data"][0]
+
+
 _PLANS: dict = {}
 _LAST: list = [None]  # the latest started all-reduce (collectives.PendingAllReduce)
 _ABANDONED: list = []  # started all-reduces of backwards that raised, until complete
@@ -148,7 +153,8 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
                   metas: tuple[tuple[tuple[int, ...], DistAttr], ...]
                   ) -> tuple[Plan, Plan, deque]:
     """(start, wait) of one bucket: start packs the local pieces into a flat buffer (``out=``,
-    when a memory plan gives one) and starts its all-reduce over the Partial mesh dims in
+    when a memory plan gives one; a piece the plan already placed at its part of that buffer
+    is not copied) and starts its all-reduce over the Partial mesh dims in
     place, returning the buffer (a 1-D tensor of this rank's bucket length, Partial, read by
     nothing but wait); wait completes the all-reduce, writing the buffer (its output 0 is the
     buffer itself, reduced), and returns each gradient as a view of its (disjoint) part of the
@@ -170,8 +176,11 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
 
     def pack_and_start(xp, *arrays, out=None):
         flat = xp.empty(bounds[-1], dtype=dtype) if out is None else out
+        at = _address(flat) if out is not None and xp is np else None
         for a, lo, hi in zip(arrays, bounds, bounds[1:]):
-            flat[lo:hi] = a.reshape(-1)
+            if at is None or _address(a) != at + lo * dtype.itemsize \
+                    or not a.flags.c_contiguous:  # (else a memory plan wrote it in place)
+                flat[lo:hi] = a.reshape(-1)
         if _LAST[0] is not None:  # progress for the previous bucket (replays too)
             _LAST[0].test()
         started.append(group.iall_reduce(flat, "sum"))
@@ -197,7 +206,8 @@ def _bucket_plans(mesh: ProcessMesh, dims: tuple[int, ...], dtype: np.dtype,
     bucket = canonical(DistAttr.replicated(1, mesh.shape).with_partial(attrs[0].partial))
     start = Plan(OPS["grad_bucket_start"], "dist", n, (Instr(
         "kernel", pack_and_start, tuple(range(n)), (n,), label=f"bucket of {n} gradients",
-        nbytes=nbytes, collectives=(label + ", started",), accepts_out=True),),
+        nbytes=nbytes, collectives=(label + ", started",), accepts_out=True,
+        packs=tuple(bounds[:-1])),),
         (OutSpec(n, (bounds[-1],), dtype, bucket),), mesh=cmesh, in_layouts=attrs)
     wait = Plan(OPS["grad_bucket_wait"], "dist", 1, (Instr(
         "kernel", wait_and_unpack, (0,), tuple(range(1, n + 2)), writes=(0,),

@@ -50,6 +50,9 @@ class Instr:
     # arguments (local attrs and context), so a replay can call the kernel directly
     kwargs: dict | None = None
     accepts_out: bool = False  # fn writes into a given ``out=`` (not a dense plan's kernel)
+    # fn concatenates its inputs, flattened, into its one (1-D) output: the element offset of
+    # each input there (a memory plan may place the inputs at those parts of the output)
+    packs: tuple[int, ...] | None = None
 
     @property
     def communicates(self) -> bool:

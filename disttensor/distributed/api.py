@@ -461,6 +461,10 @@ def numpy(x: Tensor) -> np.ndarray:
     if coord_of(v.mesh) is None:
         raise ValueError(f"numpy: this rank is not in {v.mesh}; only its members hold the "
                          "tensor (reshard it to a mesh that contains this rank)")
+    attr = v.dist_attr
+    if not attr.partial and not any(attr.dims_mapping):  # replicated: the piece is the value
+        arr = v.local.array
+        return arr.copy() if isinstance(arr, np.ndarray) else arr.get()
     with set_grad_enabled(False):
         rep = reshard_to(x, v.mesh, DistAttr.replicated(len(v.shape), v.mesh.shape))
     arr = rep._value.local.array

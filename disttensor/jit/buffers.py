@@ -15,7 +15,11 @@ backward program's — and
    much memory again while it is made;
 4. lets an op the schema marks ``reuse`` write into a dying input's buffer when that input has
    the output's size and dtype (seed 003's inplace reuse);
-5. places the buffers with :func:`memory.plan_arena`.
+5. places the inputs a step packs into its output (a gradient bucket) at their parts of the
+   output's buffer, when they die there and that does not raise the lower bound (nor keep the
+   arena from it, :data:`PACK_TIGHTNESS`): the kernels making them write there, and the
+   packing copies nothing;
+6. places the buffers with :func:`memory.plan_arena`.
 
 Values the backward only needs the shape of (``no_need_buffer``) are never saved by the tape, so
 the backward program does not read them: they die at their last forward use.
@@ -33,13 +37,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..schema import OPS
-from .memory import ArenaPlan, Block, Buffer, OverlapError, aligned, check_arena, live_ranges, \
-    plan_arena
+from .memory import ArenaPlan, Block, Buffer, OverlapError, aligned, check_arena, live_bytes, \
+    live_ranges, plan_arena
 
 if TYPE_CHECKING:
     from .program import Program, ProgramOp, Step
 
 __all__ = ["MemoryPlan", "plan_buffers", "verify", "timeline", "peak_bytes"]
+
+
+#: a plan with inputs packed in place (:func:`_pack_in_place`) is kept only when its arena
+#: comes this close to its lower bound; else the buffers are placed without packing
+PACK_TIGHTNESS = 1.01
 
 
 @dataclass
@@ -170,22 +179,84 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
             reused.append((op.name, prog.values[op.ins[i]].name, out_name))
             break
 
-    buffers = [Buffer(g, aligned(size_of[g][0]), lo, hi, f"buffer of {name_of[g]}") for g, (lo, hi) in sorted(span.items()) if g not in unplanned]
-    arena = plan_arena(buffers)
+    def arena_of(span: dict) -> tuple[list[Buffer], ArenaPlan]:
+        buffers = [Buffer(g, aligned(size_of[g][0]), lo, hi, f"buffer of {name_of[g]}")
+                   for g, (lo, hi) in sorted(span.items()) if g not in unplanned]
+        return buffers, plan_arena(buffers)
+    packed = {g: list(r) for g, r in span.items()}
+    inside = _pack_in_place(steps, base, unplanned, merged, def_step, packed, size_of)
+    if inside:
+        buffers, arena = arena_of(packed)
+        if arena.size > PACK_TIGHTNESS * arena.lower_bound:  # the planner could not place the
+            inside = {}                                       # longer bucket well: without it
+    if not inside:
+        buffers, arena = arena_of(span)
     reg_at, define, group = {}, set(), {}
-    for r, k in def_step.items():
+
+    def place(r: int) -> tuple[int, int]:
+        """(buffer id, byte offset in it) of register ``r``'s block."""
         g = merged.get(find(r), find(r))
+        return inside.get(g, (g, 0))
+    for r, k in def_step.items():
+        g, off = place(r)
         if g not in arena.offsets:
             continue
         group[r] = g
         if r not in base:
-            reg_at[r] = (arena.offsets[g], *size_of[r][1:])
+            reg_at[r] = (arena.offsets[g] + off, *size_of[r][1:])
             define.add((k, r))
     for r in base:
-        g = merged.get(find(r), find(r))
+        g, _ = place(r)
         if g in arena.offsets:
             group[r] = g
     return MemoryPlan(arena, buffers, reg_at, define, group, first, last, reused, len(steps))
+
+
+def _pack_in_place(steps, base: dict, unplanned: set, merged: dict, def_step: dict,
+                   span: dict, size_of: dict) -> dict[int, tuple[int, int]]:
+    """Blocks placed inside another buffer. A step that packs its inputs into its planned
+    output (``Step.packs``, a gradient bucket) may get a planned input that dies there, of the
+    output's dtype and not a view, written at its part of the output's buffer by the kernel
+    that makes it: then the packing copies nothing, but the output's buffer lives from that
+    input's definition on. Inputs are taken latest made first, each only where the most bytes
+    live at once (the arena's lower bound) does not grow. Returns {input's buffer: (output's
+    buffer, byte offset)} and removes those inputs from ``span``."""
+    inside: dict[int, tuple[int, int]] = {}
+    live: list[int] | None = None
+    for k, (_, s) in enumerate(steps):
+        if s.packs is None or not s.takes_out or len(s.outs) != 1:
+            continue
+        r_out = s.outs[0]
+        if r_out in base or r_out in unplanned or def_step.get(r_out) != k or r_out not in span:
+            continue
+        nbytes, dtype, _ = size_of[r_out]
+        ends = list(s.packs[1:]) + [nbytes // dtype.itemsize]
+        cands: dict[int, int] = {}     # input's buffer -> its byte offset in the output
+        for r_in, lo, hi in zip(s.ins, s.packs, ends):
+            g = merged.get(r_in, r_in)
+            if r_in in base or g in unplanned or g in inside or g in cands or g == r_out \
+                    or g not in span or span[g][1] != k or size_of[g][1] != dtype \
+                    or size_of[g][0] != (hi - lo) * dtype.itemsize:
+                continue
+            cands[g] = lo * dtype.itemsize
+        if live is None:
+            live = live_bytes([Buffer(g, aligned(size_of[g][0]), lo, hi)
+                               for g, (lo, hi) in span.items() if g not in unplanned])
+        peak = max(live)
+        for g in sorted(cands, key=lambda g: -span[g][0]):
+            (first, _), start = span[g], span[r_out][0]
+            trial = live[:]
+            for t in range(first, k + 1):
+                trial[t] -= aligned(size_of[g][0])
+            for t in range(first, start):
+                trial[t] += aligned(nbytes)
+            if max(trial) > peak:
+                continue
+            live, peak = trial, max(trial)
+            inside[g] = (r_out, cands[g])
+            span[r_out][0] = min(start, first)
+            del span[g]
+    return inside
 
 
 def verify(prog: "Program", mp: MemoryPlan) -> None:

@@ -86,6 +86,7 @@ class Step:
     writes: tuple[int, ...]
     scalar_out: bool = False  # a 0-d result the kernel may return as a numpy scalar
     takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
+    packs: tuple[int, ...] | None = None  # element offsets of ``ins`` in ``outs[0]`` (Instr.packs)
 
 
 @dataclass(slots=True, eq=False)
@@ -461,7 +462,7 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
         steps.append(Step(instr.kind, fn, tuple(slot_reg[i] for k, i in enumerate(instr.ins)
                                                 if k not in absent),
                           tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
-                          takes_out and len(out_regs) == 1))
+                          takes_out and len(out_regs) == 1, None if absent else instr.packs))
     outs, inplace, views = [], [], []
     for spec, t in zip(specs, rec.outputs):
         if spec.is_input is not None:

@@ -352,3 +352,25 @@ def test_set_value_loads_a_parameter_outside_autograd():
     x = dt.to_tensor(np.ones((4, 3), dtype=np.float32), stop_gradient=False)
     lin(x).sum().backward()  # the loaded weight is used by the next forward and backward
     np.testing.assert_allclose(p.grad.numpy(), np.ones((3, 2)) * 4)
+
+
+def test_numpy_of_a_replicated_distributed_tensor_is_a_fresh_copy():
+    """A replicated piece is the global value: numpy() copies it, with no reshard (which
+    would record an op); Partial and sharded tensors still go through reshard."""
+    from disttensor import dispatch
+    mesh = dt.ProcessMesh([0], dim_names=["x"])
+    a = np.arange(6.0).reshape(2, 3)
+    x = dt.shard_tensor(a, mesh, [dt.Replicate()])
+    p = dt.dtensor_from_local(a, mesh, [dt.Partial()])
+    calls = []
+    dispatch.add_recorder(calls.append)
+    try:
+        out = x.numpy()
+        assert calls == []
+        np.testing.assert_array_equal(p.numpy(), a)
+        assert [c.op for c in calls] == ["reshard"]
+    finally:
+        dispatch.remove_recorder(calls.append)
+    np.testing.assert_array_equal(out, a)
+    out[...] = -1
+    np.testing.assert_array_equal(x.numpy(), a)   # the copy, not the tensor's buffer

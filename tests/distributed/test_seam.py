@@ -56,8 +56,10 @@ def test_every_tensor_of_a_training_step_passes_the_seam(model_name, comm):
         versions = [h.version for h in existing]
         log.made.clear()
         with dt.jit.record() as calls:
-            loss = train.train_step(model, opt, *train.to_tensors(*batches[1], mesh))
-            loss.numpy()
+            x, y = train.to_tensors(*batches[1], mesh)
+            loss = train.train_step(model, opt, x, y)
+            loss.numpy()  # replicated: a copy of this rank's piece, no op
+            x.numpy()     # batch-sharded: a reshard
     produced = {id(o._local_dense().holder) for c in calls for o in c.outputs}
     escaped = [h for h in log.made if id(h) not in produced]
     assert not escaped, f"{len(escaped)} of {len(log.made)} tensors were created outside " \
