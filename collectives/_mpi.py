@@ -113,20 +113,11 @@ CMA_MIN_RUN = 1 << 10
 _ADDR_TAG, _DONE_TAG = 8, 9
 
 
-def _wait_any(reqs: list) -> int:
-    """``MPI.Request.Waitany`` that gives the processor away between tests: with more ranks
+def _wait_all(reqs: list) -> None:
+    """``MPI.Request.Waitall`` that gives the processor away between tests: with more ranks
     than cores, a rank spinning in MPI's wait holds the core a peer needs to write into it
     (S(0)->S(1) at 16 MB, 4 ranks on 2 cores: 0.57-0.62 of the bare Alltoall with MPI's waits,
     0.70-0.91 yielding)."""
-    while True:
-        i = MPI.Request.Testany(reqs)[0]
-        if i != MPI.UNDEFINED:
-            return i
-        os.sched_yield()
-
-
-def _wait_all(reqs: list) -> None:
-    """``MPI.Request.Waitall`` yielding between tests, as ``_wait_any``."""
     while not MPI.Request.Testall(reqs):
         os.sched_yield()
 
@@ -718,7 +709,8 @@ class MPIGroup(ProcessGroup):
         """all_to_all with ``concat_axis`` 0 and ``split_axis`` s > 0 (C-contiguous x): each
         rank tells each sender where its piece goes in the result, the sender writes its
         strided rows there by cross-memory attach (one copy, no pack) and then says it is
-        done; a rank returns when every sender is done with its result."""
+        done; the own piece is copied while no receiver is ready; a rank returns when every
+        sender is done with its result."""
         size, me, comm = self.size, self.rank, self._a2a_comm
         item = x.dtype.itemsize
         res = out if out is not None else np.empty(L.result_shape, x.dtype)
@@ -729,19 +721,29 @@ class MPIGroup(ProcessGroup):
         got = [comm.Irecv([where[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
         done = [comm.Irecv([where[:0], MPI.BYTE], j, _DONE_TAG) for j in peers]
         sent = [comm.Isend([mine[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
-        res.reshape(-1)[L.rdispls[me]:L.rdispls[me] + L.rcounts[me]].reshape(
-            L.front_shapes[me])[...] = x[L.send_slices[me]]
+        own = res.reshape(-1)[L.rdispls[me]:L.rdispls[me] + L.rcounts[me]].reshape(
+            L.front_shapes[me])
         soff, row = C.offsets(ssizes), x.shape[s] * inner * item
         runs = np.empty((outer, 2), np.uint64)
         starts = np.arange(outer, dtype=np.uint64) * np.uint64(row) + np.uint64(x.ctypes.data)
-        pending = list(peers)
+        pending, own_left = list(peers), True
         while pending:
-            j = pending.pop(_wait_any([got[peers.index(p)] for p in pending]))
+            i = MPI.Request.Testany([got[peers.index(p)] for p in pending])[0]
+            if i == MPI.UNDEFINED:  # no receiver ready: copy the own piece meanwhile, or yield
+                if own_left:
+                    own[...] = x[L.send_slices[me]]
+                    own_left = False
+                else:
+                    os.sched_yield()
+                continue
+            j = pending.pop(i)
             if ssizes[j] and outer:
                 np.add(starts, np.uint64(soff[j] * inner * item), out=runs[:, 0])
                 runs[:, 1] = ssizes[j] * inner * item
                 self._cross.write(j, runs, int(where[j]))
             sent.append(comm.Isend([where[:0], MPI.BYTE], j, _DONE_TAG))
+        if own_left:
+            own[...] = x[L.send_slices[me]]
         _wait_all(sent + done)
         return res
 
