@@ -697,55 +697,68 @@ class MPIGroup(ProcessGroup):
     def _writes_across(self, x, s, c, ssizes, rsizes) -> bool:
         """Whether this all_to_all takes ``_all_to_all_written``: ``_cma_sized`` and, probed
         collectively the first time, cross-memory attach works in the group."""
-        if not self._cma_sized(x.shape, x.dtype.itemsize, s, c, ssizes, rsizes):
-            return False
+        return (self._cma_sized(x.shape, x.dtype.itemsize, s, c, ssizes, rsizes)
+                and self._cross_memory(self._a2a_comm))
+
+    def _cross_memory(self, comm) -> bool:
+        """Whether cross-memory attach works in this group: probed over ``comm`` (a
+        collective, so only where every rank asks at the same call) the first time."""
         if self._cross is None:
             from ._cma import CrossMemory
 
-            self._cross = CrossMemory.probe(self._a2a_comm) or False
+            self._cross = CrossMemory.probe(comm) or False
         return bool(self._cross)
 
     def _all_to_all_written(self, x, L, s, ssizes, out):
         """all_to_all with ``concat_axis`` 0 and ``split_axis`` s > 0 (C-contiguous x): each
-        rank tells each sender where its piece goes in the result, the sender writes its
-        strided rows there by cross-memory attach (one copy, no pack) and then says it is
-        done; the own piece is copied while no receiver is ready; a rank returns when every
-        sender is done with its result."""
-        size, me, comm = self.size, self.rank, self._a2a_comm
-        item = x.dtype.itemsize
+        rank tells each sender where its piece goes in the result and the sender writes its
+        strided rows there by cross-memory attach (one copy, no pack)."""
+        me, item = self.rank, x.dtype.itemsize
         res = out if out is not None else np.empty(L.result_shape, x.dtype)
         outer, inner = prod(x.shape[:s]), prod(x.shape[s + 1:])
-        peers = [(me + k) % size for k in range(1, size)]
-        where = np.empty(size, np.uint64)
-        mine = np.array([res.ctypes.data + d * item for d in L.rdispls], np.uint64)
-        got = [comm.Irecv([where[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
-        done = [comm.Irecv([where[:0], MPI.BYTE], j, _DONE_TAG) for j in peers]
-        sent = [comm.Isend([mine[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
-        own = res.reshape(-1)[L.rdispls[me]:L.rdispls[me] + L.rcounts[me]].reshape(
-            L.front_shapes[me])
         soff, row = C.offsets(ssizes), x.shape[s] * inner * item
         runs = np.empty((outer, 2), np.uint64)
         starts = np.arange(outer, dtype=np.uint64) * np.uint64(row) + np.uint64(x.ctypes.data)
-        pending, own_left = list(peers), True
+        own = res.reshape(-1)[L.rdispls[me]:L.rdispls[me] + L.rcounts[me]].reshape(
+            L.front_shapes[me])
+
+        def write(j, addr):
+            if ssizes[j] and outer:
+                np.add(starts, np.uint64(soff[j] * inner * item), out=runs[:, 0])
+                runs[:, 1] = ssizes[j] * inner * item
+                self._cross.write(j, runs, addr)
+        self._cross_exchange(self._a2a_comm, [res.ctypes.data + d * item for d in L.rdispls],
+                             write, lambda: np.copyto(own, x[L.send_slices[me]]))
+        return res
+
+    def _cross_exchange(self, comm, mine: list, move, local) -> None:
+        """The handshake of a cross-memory collective: this rank sends ``mine[j]`` (an
+        address) to each peer j; as peer j's address arrives, ``move(j, address)`` and then
+        tells j it is done; ``local()`` runs while no address has arrived (else the rank
+        yields); returns when every peer has said it is done with this rank's memory."""
+        size, me = self.size, self.rank
+        peers = [(me + k) % size for k in range(1, size)]
+        where = np.empty(size, np.uint64)
+        addrs = np.array(mine, np.uint64)
+        got = [comm.Irecv([where[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
+        done = [comm.Irecv([where[:0], MPI.BYTE], j, _DONE_TAG) for j in peers]
+        sent = [comm.Isend([addrs[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
+        pending, local_left = list(peers), True
         while pending:
             i = MPI.Request.Testany([got[peers.index(p)] for p in pending])[0]
-            if i == MPI.UNDEFINED:  # no receiver ready: copy the own piece meanwhile, or yield
-                if own_left:
-                    own[...] = x[L.send_slices[me]]
-                    own_left = False
+            if i == MPI.UNDEFINED:
+                if local_left:
+                    local()
+                    local_left = False
                 else:
                     os.sched_yield()
                 continue
             j = pending.pop(i)
-            if ssizes[j] and outer:
-                np.add(starts, np.uint64(soff[j] * inner * item), out=runs[:, 0])
-                runs[:, 1] = ssizes[j] * inner * item
-                self._cross.write(j, runs, int(where[j]))
+            move(j, int(where[j]))
             sent.append(comm.Isend([where[:0], MPI.BYTE], j, _DONE_TAG))
-        if own_left:
-            own[...] = x[L.send_slices[me]]
+        if local_left:
+            local()
         _wait_all(sent + done)
-        return res
 
     def _broadcast(self, x, src, out):
         if C.is_cupy(x):
