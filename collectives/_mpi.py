@@ -85,8 +85,8 @@ def _vector_type(dtype, count: int, block: int, stride: int) -> "MPI.Datatype":
 
 #: all_to_all packs the pieces it sends into one buffer kept for the process (grown to the
 #: largest pack) from this many bytes on: fresh memory past glibc's mmap threshold (at most
-#: 32 MB) costs a page fault per 4 KB on every call (S(0)->S(1) at 64 MB: 0.33 of the bare
-#: Alltoall with a fresh pack buffer, 0.90 with the kept one; benchmarks/reshard.py)
+#: 32 MB) costs a page fault per 4 KB on every call (S(0)->S(1) packed at 64 MB: 0.33 of the
+#: bare Alltoall with a fresh pack buffer, 0.90 with the kept one; benchmarks/reshard.py)
 SCRATCH_MIN_BYTES = 1 << 20
 _scratch = [np.empty(0, np.uint8)]
 
