@@ -695,18 +695,15 @@ class MPIGroup(ProcessGroup):
             CMA_MIN_BYTES * self.size
 
     def _writes_across(self, x, s, c, ssizes, rsizes) -> bool:
-        """Whether this all_to_all takes ``_all_to_all_written``: ``_cma_sized`` and, probed
-        collectively the first time, cross-memory attach works in the group."""
-        return (self._cma_sized(x.shape, x.dtype.itemsize, s, c, ssizes, rsizes)
-                and self._cross_memory(self._a2a_comm))
-
-    def _cross_memory(self, comm) -> bool:
-        """Whether cross-memory attach works in this group: probed over ``comm`` (a
-        collective, so only where every rank asks at the same call) the first time."""
+        """Whether this all_to_all takes ``_all_to_all_written``: ``_cma_sized`` and
+        cross-memory attach works in the group (probed the first time: a collective, reached
+        by every rank at the same call since ``_cma_sized`` is alike on every rank)."""
+        if not self._cma_sized(x.shape, x.dtype.itemsize, s, c, ssizes, rsizes):
+            return False
         if self._cross is None:
             from ._cma import CrossMemory
 
-            self._cross = CrossMemory.probe(comm) or False
+            self._cross = CrossMemory.probe(self._a2a_comm) or False
         return bool(self._cross)
 
     def _all_to_all_written(self, x, L, s, ssizes, out):
