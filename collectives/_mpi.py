@@ -17,6 +17,7 @@ tiny ``MAX_COUNT`` to exercise that path.
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from math import prod
 from typing import NamedTuple
@@ -84,8 +85,8 @@ def _vector_type(dtype, count: int, block: int, stride: int) -> "MPI.Datatype":
 
 #: all_to_all packs the pieces it sends into one buffer kept for the process (grown to the
 #: largest pack) from this many bytes on: fresh memory past glibc's mmap threshold (at most
-#: 32 MB) costs a page fault per 4 KB on every call (S(0)->S(1) at 64 MB: 0.33 of the bare
-#: Alltoall with a fresh pack buffer, 0.90 with the kept one; benchmarks/reshard.py)
+#: 32 MB) costs a page fault per 4 KB on every call (S(0)->S(1) packed at 64 MB: 0.33 of the
+#: bare Alltoall with a fresh pack buffer, 0.90 with the kept one; benchmarks/reshard.py)
 SCRATCH_MIN_BYTES = 1 << 20
 _scratch = [np.empty(0, np.uint8)]
 
@@ -100,6 +101,25 @@ def _pack_buffer(count: int, dtype: np.dtype) -> np.ndarray:
         _scratch[0] = np.empty(0, np.uint8)  # free the old one first
         _scratch[0] = np.empty(nbytes, np.uint8)
     return _scratch[0][:nbytes].view(dtype)
+
+
+#: all_to_all whose pieces are strided in the sender and land contiguously (``concat_axis`` 0,
+#: ``split_axis`` > 0: S(0) -> S(1)) writes them straight into the receivers' result by
+#: cross-memory attach (``_cma``) from this many bytes per rank on (the group's total over its
+#: size) when every strided run is at least CMA_MIN_RUN bytes; below, or off one node, the
+#: packing path (benchmarks/reshard.py, docs/ARCHITECTURE.md "Fast paths")
+CMA_MIN_BYTES = 1 << 20
+CMA_MIN_RUN = 1 << 10
+_ADDR_TAG, _DONE_TAG = 8, 9
+
+
+def _wait_all(reqs: list) -> None:
+    """``MPI.Request.Waitall`` that gives the processor away between tests: with more ranks
+    than cores, a rank spinning in MPI's wait holds the core a peer needs to write into it
+    (S(0)->S(1) at 16 MB, 4 ranks on 2 cores: 0.57-0.62 of the bare Alltoall with MPI's waits,
+    0.70-0.91 yielding)."""
+    while not MPI.Request.Testall(reqs):
+        os.sched_yield()
 
 
 def _too_big(*ns: int) -> bool:
@@ -272,6 +292,7 @@ class MPIGroup(ProcessGroup):
                   self._meta_comm):
             c.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
+        self._cross = None  # CrossMemory, False where unavailable, None until first needed
 
     # ---------------------------------------------------------------------------------- util
     def _allgather_obj(self, obj):
@@ -389,10 +410,11 @@ class MPIGroup(ProcessGroup):
         """Small even pieces that travel concat axis first (``_a2a_layout``'s second layout):
         packed by one copy from a view of x split along ``s``, one Alltoall straight into the
         result when ``c == 0`` (else into a buffer moved back once). Other cases (large ones
-        pack into the kept buffer and copy their own piece locally): the general path."""
+        write across processes or pack into the kept buffer): the general path."""
         n = self.size
         if (rsizes is None or s == c or (s == 0 and c != 0) or len(set(ssizes)) > 1
-                or len(set(rsizes)) > 1 or prod(shape) * dtype.itemsize >= SCRATCH_MIN_BYTES):
+                or len(set(rsizes)) > 1 or prod(shape) * dtype.itemsize >= SCRATCH_MIN_BYTES
+                or self._cma_sized(shape, dtype.itemsize, s, c, ssizes, rsizes)):
             return None
         L = _a2a_layout(n, self.rank, shape, s, c, tuple(ssizes), tuple(rsizes))
         split = shape[:s] + (n, ssizes[0]) + shape[s + 1:]
@@ -616,6 +638,8 @@ class MPIGroup(ProcessGroup):
             # every rank must pick the same algorithm, and only this rank sees its own counts
             mine = max(sum(L.scounts), sum(L.rcounts)) > MAX_COUNT
             large = bool(self._a2a_comm.allreduce(int(mine), op=MPI.MAX))
+        if not large and self._writes_across(x, s, c, ssizes, rsizes):
+            return self._all_to_all_written(np.ascontiguousarray(x), L, s, ssizes, out)
         T = mpi_type(x.dtype)
         sd, rd = L.sdispls, L.rdispls
         if L.own_layout:  # pieces are contiguous slices of x; placed on arrival
@@ -659,6 +683,79 @@ class MPIGroup(ProcessGroup):
                 res[L.recv_slices[j]] = rf[rd[j]:rd[j] + L.rcounts[j]].reshape(L.recv_shapes[j])
             return res
         return _back(recvbuf, c, out)
+
+    def _cma_sized(self, shape, itemsize, s, c, ssizes, rsizes) -> bool:
+        """Whether an all_to_all is of the kind and size ``_all_to_all_written`` takes (from
+        sizes every rank shares, so alike on every rank)."""
+        if c != 0 or s == 0 or self.size == 1:
+            return False
+        inner = prod(shape[s + 1:]) * itemsize
+        run = min((k * inner for k in ssizes if k), default=0)
+        return run >= CMA_MIN_RUN and sum(rsizes) * prod(shape[1:]) * itemsize >= \
+            CMA_MIN_BYTES * self.size
+
+    def _writes_across(self, x, s, c, ssizes, rsizes) -> bool:
+        """Whether this all_to_all takes ``_all_to_all_written``: ``_cma_sized`` and
+        cross-memory attach works in the group (probed the first time: a collective, reached
+        by every rank at the same call since ``_cma_sized`` is alike on every rank)."""
+        if not self._cma_sized(x.shape, x.dtype.itemsize, s, c, ssizes, rsizes):
+            return False
+        if self._cross is None:
+            from ._cma import CrossMemory
+
+            self._cross = CrossMemory.probe(self._a2a_comm) or False
+        return bool(self._cross)
+
+    def _all_to_all_written(self, x, L, s, ssizes, out):
+        """all_to_all with ``concat_axis`` 0 and ``split_axis`` s > 0 (C-contiguous x): each
+        rank tells each sender where its piece goes in the result and the sender writes its
+        strided rows there by cross-memory attach (one copy, no pack)."""
+        me, item = self.rank, x.dtype.itemsize
+        res = out if out is not None else np.empty(L.result_shape, x.dtype)
+        outer, inner = prod(x.shape[:s]), prod(x.shape[s + 1:])
+        soff, row = C.offsets(ssizes), x.shape[s] * inner * item
+        runs = np.empty((outer, 2), np.uint64)
+        starts = np.arange(outer, dtype=np.uint64) * np.uint64(row) + np.uint64(x.ctypes.data)
+        own = res.reshape(-1)[L.rdispls[me]:L.rdispls[me] + L.rcounts[me]].reshape(
+            L.front_shapes[me])
+
+        def write(j, addr):
+            if ssizes[j] and outer:
+                np.add(starts, np.uint64(soff[j] * inner * item), out=runs[:, 0])
+                runs[:, 1] = ssizes[j] * inner * item
+                self._cross.write(j, runs, addr)
+        self._cross_exchange(self._a2a_comm, [res.ctypes.data + d * item for d in L.rdispls],
+                             write, lambda: np.copyto(own, x[L.send_slices[me]]))
+        return res
+
+    def _cross_exchange(self, comm, mine: list, move, local) -> None:
+        """The handshake of a cross-memory collective: this rank sends ``mine[j]`` (an
+        address) to each peer j; as peer j's address arrives, ``move(j, address)`` and then
+        tells j it is done; ``local()`` runs while no address has arrived (else the rank
+        yields); returns when every peer has said it is done with this rank's memory."""
+        size, me = self.size, self.rank
+        peers = [(me + k) % size for k in range(1, size)]
+        where = np.empty(size, np.uint64)
+        addrs = np.array(mine, np.uint64)
+        got = [comm.Irecv([where[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
+        done = [comm.Irecv([where[:0], MPI.BYTE], j, _DONE_TAG) for j in peers]
+        sent = [comm.Isend([addrs[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
+        pending, local_left = list(peers), True
+        while pending:
+            i = MPI.Request.Testany([got[peers.index(p)] for p in pending])[0]
+            if i == MPI.UNDEFINED:
+                if local_left:
+                    local()
+                    local_left = False
+                else:
+                    os.sched_yield()
+                continue
+            j = pending.pop(i)
+            move(j, int(where[j]))
+            sent.append(comm.Isend([where[:0], MPI.BYTE], j, _DONE_TAG))
+        if local_left:
+            local()
+        _wait_all(sent + done)
 
     def _broadcast(self, x, src, out):
         if C.is_cupy(x):

@@ -502,6 +502,63 @@ def test_all_to_all_packs_into_the_kept_buffer(g, monkeypatch):
     assert _mpi._scratch[0].nbytes >= 5 * (4 * k + 1) * 8
 
 
+@pytest.fixture
+def cross_memory(g, monkeypatch):
+    """all_to_all with concat_axis 0 written across processes (``_cma``) at any size; the
+    calls that took that path are recorded."""
+    if not collectives.is_mpi():
+        pytest.skip("MPI backend only")
+    from collectives import _mpi
+
+    monkeypatch.setattr(_mpi, "CMA_MIN_BYTES", 0)
+    monkeypatch.setattr(_mpi, "CMA_MIN_RUN", 0)
+    taken = []
+    written = type(g)._all_to_all_written
+
+    def spy(self, *a):
+        taken.append(a[0].shape)
+        return written(self, *a)
+    monkeypatch.setattr(type(g), "_all_to_all_written", spy)
+    return taken
+
+
+@pytest.mark.parametrize("rows_of,shape,s", [
+    (lambda r: 3 + r, (0, 4 * 4 + 1), 1),  # uneven rows and columns
+    (lambda r: r % 2, (0, 7, 2), 2),       # empty pieces, 3-d split along the last axis
+    (lambda r: 2, (0, 5, 3), 1),
+    (lambda r: 4, (0, 2), 1),              # fewer columns than ranks on 4 ranks
+])
+def test_all_to_all_written_across(g, cross_memory, rows_of, shape, s):
+    """S(0) -> S(1)'s all_to_all (concat_axis 0, split_axis > 0) written straight into the
+    receivers' results equals the oracle, with a fresh result, into ``out`` and prepared."""
+    k, me = g.size, g.rank
+    xs = [data(r, (rows_of(r),) + shape[1:], np.float64, salt=s) for r in range(k)]
+    expect = np.concatenate([np.array_split(x, k, axis=s)[me] for x in xs], 0)
+    recv = [x.shape[0] for x in xs]
+    np.testing.assert_array_equal(g.all_to_all(xs[me], s, 0), expect)
+    out = np.full(expect.shape, 7.0)
+    assert g.all_to_all(xs[me], s, 0, recv_sizes=recv, out=out) is out
+    np.testing.assert_array_equal(out, expect)
+    fn = g.prepare("all_to_all", xs[me].shape, np.float64, split_axis=s, concat_axis=0,
+                   recv_sizes=recv)
+    np.testing.assert_array_equal(fn(xs[me]), expect)
+    np.testing.assert_array_equal(xs[me], data(me, xs[me].shape, np.float64, salt=s))
+    assert len(cross_memory) == (3 if k > 1 and g._cross else 0)
+
+
+def test_all_to_all_without_cross_memory(g, cross_memory, monkeypatch):
+    """Where the probe fails (no process_vm_writev here) every rank agrees to pack instead."""
+    from collectives import _cma
+
+    monkeypatch.setattr(_cma, "_writev", lambda: None)
+    monkeypatch.setattr(g, "_cross", None)
+    k, me = g.size, g.rank
+    xs = [data(r, (3, 2 * k), np.float32) for r in range(k)]
+    expect = np.concatenate([np.array_split(x, k, axis=1)[me] for x in xs], 0)
+    np.testing.assert_array_equal(g.all_to_all(xs[me], 1, 0), expect)
+    assert cross_memory == [] and g._cross is (False if k > 1 else None)
+
+
 def test_prepare_checks_arguments_once(g):
     with pytest.raises(ValueError, match="prepare: collective 'broadcast' is not one of"):
         g.prepare("broadcast", (2,), np.float64)
