@@ -28,14 +28,16 @@ _P = repr(1.0 / math.sqrt(2.0 * math.pi))
 # name -> (inputs, outputs, body): CUDA elementwise code over type T
 _SOURCES = {
     # with u = C (x + A x^3) and e = exp(-2u): (1 + tanh u) / 2 = 1 / (1 + e) = s and
-    # (1 - tanh^2 u) / 4 = e s^2, which keep their precision in both tails
+    # (1 - tanh^2 u) / 4 = s (1 - s), with 1 - s taken as e s where s is near 1 (e <= 1) and
+    # as 1 - s elsewhere (e may overflow to inf there): precise in both tails, never inf * 0
     "gelu_tanh": ("T x", "T y",
                   f"y = x / ((T)1 + exp((T)-2 * (T){_C} * (x + (T){_A} * x * x * x)));"),
     "gelu_erf": ("T x", "T y", f"y = (T)0.5 * x * erfc(-x * (T){_R2});"),
     "gelu_tanh_grad": ("T x, T g", "T y",
                        f"T e = exp((T)-2 * (T){_C} * (x + (T){_A} * x * x * x));"
                        f"T s = (T)1 / ((T)1 + e);"
-                       f"y = g * (s + (T)2 * (T){_C} * x * ((T)1 + (T)3 * (T){_A} * x * x) * e * s * s);"),
+                       f"T w = e > (T)1 ? (T)1 - s : e * s;"
+                       f"y = g * (s + (T)2 * (T){_C} * x * ((T)1 + (T)3 * (T){_A} * x * x) * w * s);"),
     "gelu_erf_grad": ("T x, T g", "T y",
                       f"y = g * ((T)0.5 * erfc(-x * (T){_R2})"
                       f" + x * (T){_P} * exp((T)-0.5 * x * x));"),
