@@ -36,7 +36,7 @@ from .tensor import DenseTensor, Holder, Tensor
 
 __all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "add_recorder",
            "remove_recorder", "add_write_watcher", "remove_write_watcher", "host_read", "wrap_array",
-           "note_undo", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place", "moved",
+           "note_undo", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place",
            "dense_plan"]
 
 #: callbacks ``f(CallRecord)`` told about every executed call (see disttensor.jit.record)
@@ -105,26 +105,6 @@ def resolve_place(place: str | None):
             raise ValueError(f"place={place!r} needs cupy, which is not installed") from e
         return cupy, int(place.split(":")[1]) if ":" in place else 0
     raise ValueError(f"place must be 'cpu', 'gpu' or 'gpu:N', got {place!r}")
-
-
-def moved(value: Any, place: str) -> Any:
-    """``value`` (a DenseTensor, or a DistTensor whose piece moves) copied to ``place`` in a new
-    holder; ``value`` itself when it is there already."""
-    xp, dev = resolve_place(place)
-    local = value if type(value) is DenseTensor else value.local
-    arr = local.array
-    if xp is np:
-        if type(arr) is np.ndarray:
-            return value
-        arr = arr.get()
-    else:
-        if type(arr) is not np.ndarray and arr.device.id == dev:
-            return value
-        with xp.cuda.Device(dev):
-            arr = xp.array(arr, copy=True)
-    dense = DenseTensor(arr)
-    return dense if type(value) is DenseTensor else DistTensor(dense, value.mesh,
-                                                               value.dist_attr, value.shape)
 
 
 # -- dense plans -----------------------------------------------------------------------------

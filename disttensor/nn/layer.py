@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..dispatch import moved
+from ..dispatch import wrap_array
 from ..tape import no_grad
 from ..dtype import to_np_dtype
 from ..ops import cast, to_tensor, zeros, zeros_like
@@ -473,10 +473,8 @@ class Layer:
                 raise ValueError(f"{type(self).__name__}.to: argument 'device' must be 'cpu', "
                                  f"'gpu' or 'gpu:N', got {device!r}")
             for t in self.parameters() + self.buffers():
-                value = moved(t._value, place)
-                if value is not t._value:
-                    t._value = value
-                    t.grad = None
+                if t.place != ("gpu:0" if place == "gpu" else place):
+                    _move(t, place)
         if dtype is None:
             return self
         d = to_np_dtype(dtype)
@@ -503,6 +501,17 @@ class Layer:
             return f"{type(self).__name__}({extra})"
         inner = ([extra] if extra else []) + lines
         return type(self).__name__ + "(\n  " + "\n  ".join(inner) + "\n)"
+
+
+def _move(t: Tensor, place: str) -> None:
+    """``t``'s value (its piece, when distributed) copied to ``place`` by ``to_tensor``, kept
+    under t's mesh and placements; the gradient is dropped."""
+    arr = t._local_array()
+    piece = to_tensor(arr, dtype=arr.dtype, place=place)._local_array()
+    v = t._value
+    t._value = (wrap_array(piece, v.mesh, v.dist_attr, v.shape) if t.is_dist()
+                else wrap_array(piece))._value
+    t.grad = None
 
 
 def _copy_into(target: Tensor, value: Any) -> None:

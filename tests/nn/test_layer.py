@@ -248,6 +248,23 @@ def test_to_device_checks_the_name_and_keeps_what_is_there():
         m.to(device="tpu")
 
 
+def test_move_copies_each_piece_under_its_mesh_and_placements():
+    """The copy Layer.to makes per tensor (here CPU to CPU, the one place this machine has):
+    a new buffer with the same values, mesh and placements, and no gradient."""
+    from disttensor.nn.layer import _move
+    mesh = dt.ProcessMesh([0], dim_names=["x"])
+    data = np.arange(6.0).reshape(2, 3)
+    for t in (dt.to_tensor(data), dt.shard_tensor(data, mesh, [dt.Shard(0)])):
+        t.grad = dt.ones([2, 3])
+        before = t._local_array()
+        _move(t, "cpu")
+        assert t._local_array() is not before and not np.shares_memory(t._local_array(), before)
+        np.testing.assert_array_equal(t.numpy(), data)
+        assert t.grad is None
+        if t.is_dist():
+            assert t.process_mesh == mesh and t.placements == [dt.Shard(0)]
+
+
 def test_embedding_padding_idx():
     emb = nn.Embedding(10, 4, padding_idx=-1)
     assert emb._padding_idx == 9
