@@ -455,17 +455,16 @@ def numpy(x: Tensor) -> np.ndarray:
     rank of the mesh must call it."""
     host_read("Tensor.numpy()")
     v = x._value
-    if type(v) is not DistTensor:
-        arr = v.array
-        return arr.copy() if isinstance(arr, np.ndarray) else arr.get()
-    if coord_of(v.mesh) is None:
-        raise ValueError(f"numpy: this rank is not in {v.mesh}; only its members hold the "
-                         "tensor (reshard it to a mesh that contains this rank)")
-    attr = v.dist_attr
-    if not attr.partial and not any(attr.dims_mapping):  # replicated: the piece is the value
-        arr = v.local.array
-        return arr.copy() if isinstance(arr, np.ndarray) else arr.get()
-    with set_grad_enabled(False):
-        rep = reshard_to(x, v.mesh, DistAttr.replicated(len(v.shape), v.mesh.shape))
-    arr = rep._value.local.array
-    return arr if isinstance(arr, np.ndarray) else arr.get()
+    if type(v) is DistTensor:
+        if coord_of(v.mesh) is None:
+            raise ValueError(f"numpy: this rank is not in {v.mesh}; only its members hold the "
+                             "tensor (reshard it to a mesh that contains this rank)")
+        attr = v.dist_attr
+        if attr.partial or any(attr.dims_mapping):
+            with set_grad_enabled(False):
+                rep = reshard_to(x, v.mesh, DistAttr.replicated(len(v.shape), v.mesh.shape))
+            arr = rep._value.local.array
+            return arr if isinstance(arr, np.ndarray) else arr.get()
+        v = v.local  # replicated: the piece is the value
+    arr = v.array
+    return arr.copy() if isinstance(arr, np.ndarray) else arr.get()

@@ -187,8 +187,9 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
     inside = _pack_in_place(steps, base, unplanned, merged, def_step, packed, size_of)
     if inside:
         buffers, arena = arena_of(packed)
-        if arena.size > PACK_TIGHTNESS * arena.lower_bound:  # the planner could not place the
-            inside = {}                                       # longer bucket well: without it
+        # the planner could not place the longer-lived bucket well: plan without packing
+        if arena.size > PACK_TIGHTNESS * arena.lower_bound:
+            inside = {}
     if not inside:
         buffers, arena = arena_of(span)
     reg_at, define, group = {}, set(), {}
