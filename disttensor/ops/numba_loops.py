@@ -224,7 +224,7 @@ def layer_norm(x, w, b, eps, out, mean, rstd):
     passes over the cached row), ``out = (x - mean) * rstd * w + b``."""
     rows, n = x.shape
     one = x.dtype.type(1.0)
-    inv_n = one / n
+    inv_n = one / x.dtype.type(n)  # x.dtype / int would be float64
     e = x.dtype.type(eps)
     for i in range(rows):
         s = x.dtype.type(0.0)
@@ -248,7 +248,7 @@ def layer_norm_grad(x, w, mean, rstd, dout, dx, dw, db):
     ``dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))``; ``dw``/``db`` (zeroed
     here) get the column sums of ``dout * xhat`` and ``dout``."""
     rows, n = x.shape
-    inv_n = x.dtype.type(1.0) / n
+    inv_n = x.dtype.type(1.0) / x.dtype.type(n)
     dw[:] = 0
     db[:] = 0
     for i in range(rows):

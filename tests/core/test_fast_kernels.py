@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -163,6 +164,66 @@ def test_backend_switch_rejects_unknown_values():
     r = _backend_in_subprocess("fortran")
     assert r.returncode != 0
     assert "DISTTENSOR_KERNELS must be 'auto', 'numba' or 'numpy', got 'fortran'" in r.stderr
+
+
+def _vector_setting_in_subprocess(env_extra: dict) -> list:
+    """[numba's code-generator features, NUMBA_CPU_FEATURES after the loops loaded, host
+    features] from a fresh process."""
+    code = ("import os, llvmlite.binding as ll; from disttensor.ops import fast; fast._loops(); "
+            "from numba.core.registry import cpu_target; "
+            "print(cpu_target.target_context.codegen()._tm_features); "
+            "print(os.environ.get('NUMBA_CPU_FEATURES')); print(ll.get_host_cpu_features().flatten())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    env.update(PYTHONPATH=ROOT, DISTTENSOR_KERNELS="numba", **env_extra)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split("\n")[:3]
+
+
+@needs_numba
+def test_loops_get_512_bit_vectors_exactly_where_the_host_has_avx512():
+    codegen, left, host = _vector_setting_in_subprocess({})
+    avx512 = {"+avx512f", "+avx512bw", "+avx512dq", "+avx512vl"} <= set(host.split(","))
+    assert codegen == (host + ",-prefer-256-bit" if avx512 else host)
+    assert left == "None"  # set for the code generator only: children do not inherit it
+
+
+@needs_numba
+def test_a_users_numba_cpu_features_are_kept():
+    codegen, left, host = _vector_setting_in_subprocess({"NUMBA_CPU_FEATURES": "+sse2"})
+    assert codegen == left == "+sse2"
+
+
+FLOAT32_LOOPS = {  # loop: float32 arguments (arrays and scalars) that compile it
+    "softmax": lambda a, v: (a, a), "softmax_grad": lambda a, v: (a, a, a),
+    "layer_norm": lambda a, v: (a, v, v, 1e-5, a, v, v),
+    "layer_norm_grad": lambda a, v: (a, v, v, v, a, a, v, v),
+    "relu": lambda a, v: (v, v), "relu_grad": lambda a, v: (v, v, v),
+    "gelu_erf": lambda a, v: (v, v), "gelu_erf_grad": lambda a, v: (v, v, v),
+    "gelu_tanh": lambda a, v: (v, v), "gelu_tanh_grad": lambda a, v: (v, v, v),
+}
+
+
+@needs_numba
+@pytest.mark.parametrize("name", sorted(FLOAT32_LOOPS))
+def test_float32_loops_do_their_arithmetic_in_float32(name):
+    """A float32 loop has no double arithmetic (``float32 / int`` is float64 in numba: a
+    layer_norm whose 1 / n was one ran its passes in double at 1.6x the time). Compiled afresh
+    from the source, since cached code cannot be inspected."""
+    import numba
+
+    from disttensor.ops import numba_loops
+
+    fn = numba.njit(fastmath=numba_loops._SUMS, error_model="numpy")(
+        getattr(numba_loops, name).py_func)
+    a, v = np.ones((4, 8), np.float32), np.ones(8, np.float32)
+    fn(*FLOAT32_LOOPS[name](a, v))
+    ir = "\n".join(fn.inspect_llvm().values())
+    doubles = [ln.strip() for ln in ir.splitlines()
+               if re.search(r"= (fadd|fsub|fmul|fdiv|fpext)\b.* (double|float) ", ln)
+               and re.search(r"\bdouble\b", ln)]
+    assert not doubles, doubles[:5]
 
 
 # -- values and gradients (numba) ----------------------------------------------------------------
