@@ -11,7 +11,8 @@ Loops are single-threaded (ranks run one thread each) and compiled once per dtyp
 (``out`` given or None), cached on disk (``cache=True``).
 
 Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a
-polynomial, the power of two built from its exponent bits) so that loops calling it
+polynomial, the power of two built from its exponent bits; one fma adding 1.5 * 2**23 + 127
+both rounds x / ln 2 to an integer and leaves that power's exponent bits in the sum) so that loops calling it
 vectorize: libm's scalar ``expf`` is several times slower. Row maxima use LLVM's ``maxnum``,
 which vectorizes; a NaN in a row still reaches every output of that row through the sum.
 Floating-point flags: reassociation (vectorized sums) and FMA contraction only, so NaN and
@@ -106,23 +107,59 @@ _P32 = _E32.coef
 _P64 = _E64.coef
 
 
+# y + _ROUND32 (|y| < 2**22) is y rounded to an integer j, held in the float's low mantissa
+# bits: one fma both rounds and, with 127 added, carries j's exponent bits for 2**j
+_ROUND32 = np.float32(1.5 * 2**23)
+_ROUND32_127, _ROUND32_126 = _ROUND32 + np.float32(127), _ROUND32 + np.float32(126)
+
+
+@intrinsic
+def _pow2_rounded32(typingctx, s):
+    """``2**j`` for the float32 ``s = _ROUND32 + 127 + j`` (integral j in [-126, 127]): the
+    low bits of s, j + 127, shifted into the exponent field."""
+    if s != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.shl(builder.bitcast(args[0], i32), ir.Constant(i32, 23))
+        return builder.bitcast(bits, ir.FloatType())
+    return types.float32(s), codegen
+
+
+@intrinsic
+def _rounded_int32(typingctx, s, base):
+    """The integer ``s - base`` of two float32 of one binade (s made by adding base), as a
+    float, through their bits: fast-math sees no float subtraction to fold back into the
+    fma that made s, nor to distribute over a later product (``k * ln2_hi``)."""
+    if s != types.float32 or base != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        d = builder.sub(builder.bitcast(args[0], i32), builder.bitcast(args[1], i32))
+        return builder.sitofp(d, ir.FloatType())
+    return types.float32(s, base), codegen
+
+
 @njit(inline="always", cache=True)
-def _exp32_reduced(k, r):
-    """``2**k * exp(r)`` in float32 for an integral k in [-126, 127] and ``|r| <= ln2 / 2``."""
+def _exp32_reduced(s, r):
+    """``2**j * exp(r)`` in float32 for ``s = _ROUND32 + 127 + j`` (see _pow2_rounded32) and
+    ``|r| <= ln2 / 2``."""
     p = _P32[6]
     for i in range(5, -1, -1):  # constant trip count: unrolled
         p = p * r + _P32[i]
-    # 2**k from its exponent bits (numba widens int32 arithmetic: narrow it back)
-    return p * _float_from_bits(np.int32((np.int32(k) + 127) << 23))
+    return p * _pow2_rounded32(s)
 
 
 @njit(inline="always", cache=True)
 def _exp32(x):
     xc = x if x < _HI32 else _HI32
     xc = xc if xc > _LO32 else _LO32
-    k = np.floor(xc * _L2E32 + np.float32(0.5))
+    s = _fma(xc, _L2E32, _ROUND32_126)  # k = round(x / ln2), as (k - 1) + 127 + _ROUND32
+    k = _rounded_int32(s, _ROUND32_126)
     # 2**(k-1) * 2: k reaches 128 at the top of the range
-    res = _exp32_reduced(k - np.float32(1), (xc - k * _LN2H32) - k * _LN2L32) * np.float32(2)
+    res = _exp32_reduced(s, (xc - k * _LN2H32) - k * _LN2L32) * np.float32(2)
     res = np.float32(np.inf) if x > _HI32 else res
     res = np.float32(0) if x < _LO32 else res
     return x if x != x else res  # NaN
@@ -320,11 +357,12 @@ def _phi_pdf32(v):
     a = a0 if a0 < _A_MAX32 else _A_MAX32
     hi = a * a
     lo = _fma(a, a, -hi)
-    k = np.floor(hi * _HALF_L2E32 + np.float32(0.5))
+    s = _fma(hi, _HALF_L2E32, _ROUND32_127)  # k = round(-v^2 / 2 / ln2), as k + 127 + _ROUND32
+    k = _rounded_int32(s, _ROUND32_127)
     # -v^2 / 2 - k ln2 in fma steps (exact but for the last), which reassociation cannot reorder
     r = _fma(k, -_LN2H32, np.float32(-0.5) * hi)
     r = _fma(lo, np.float32(-0.5), _fma(k, -_LN2L32, r))
-    e = _exp32_reduced(k, r)
+    e = _exp32_reduced(s, r)
     e = np.float32(0.0) if a0 > _A_MAX32 else e  # +-inf, or beyond float32's tail
     p, c = _MILLS_P, _MILLS_R  # Estrin, with hi = a^2: short dependency chains
     num = _fma(hi, _fma(hi, p[4], _fma(a, p[3], p[2])), _fma(a, p[1], p[0]))
