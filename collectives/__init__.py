@@ -108,6 +108,7 @@ def init() -> ProcessGroup:
 
             from ._mpi import MPIGroup
 
+            failure.mpi_started()
             comm = MPI.COMM_WORLD.Dup()  # private context: never mixes with user traffic
             _world = MPIGroup(comm, range(comm.Get_size()))
             failure.start(MPI.COMM_WORLD)

@@ -8,8 +8,11 @@ _watcher.py``, in its own session (hydra kills each rank's process group) that i
 rank's stderr (mpiexec waits for it, so its line gets out) and reads a pipe whose only writer
 is the rank:
 
-- the rank writes :data:`CLEAN` at the end of its exit path: the watcher exits at once, silent
-  (so it is never what a normal job's end waits for);
+- the rank writes lines: ``F <path>`` for each of the MPI library's shared-memory files it
+  maps, once MPI is initialized (a job that does not reach MPI_Finalize leaves them in
+  /dev/shm, so a watcher whose rank died removes them), and :data:`CLEAN` at the end of its
+  exit path: the watcher exits at once, silent (so it is never what a normal job's end waits
+  for);
 - the runtime's own aborts first create the job's ``claim`` file (:func:`claim`): they have
   printed their report, and every watcher of the job stays silent;
 - end of file without either: the rank died outside Python. Its watcher reads the exit status
@@ -40,6 +43,10 @@ GRACE = 0.3  # s every watcher waits for the others' records before deciding
 ENV = "DISTTENSOR_WATCHER"  # "0": no watcher (python -m launch sets it)
 _LOCAL_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 _WORLD_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+#: the MPI library's shared-memory files (MPICH's posix segments): MPI_Finalize removes them,
+#: a job ended by an abort or by a rank's death leaves them in /dev/shm
+SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_",)
 
 _fd: int | None = None  # the rank's end of the pipe
 _proc = None  # the watcher (kept so that its Popen is never collected while it runs)
@@ -183,9 +190,42 @@ def _forget() -> None:
 
 def mark_clean() -> None:
     """Tell the watcher this rank is leaving through Python's exit path."""
+    _tell(CLEAN)
+
+
+def note_segments() -> None:
+    """Tell the watcher the MPI library's shared-memory files this rank maps (after MPI's
+    init), for it to remove should the rank die outside Python."""
+    for path in mpi_segments():
+        _tell(b"F " + path.encode(errors="surrogateescape"))
+
+
+def _tell(line: bytes) -> None:
+    """One line to the watcher (shorter than PIPE_BUF: written whole)."""
     if _fd is not None:
         try:
-            os.write(_fd, CLEAN)
+            os.write(_fd, line + b"\n")
+        except OSError:
+            pass
+
+
+def mpi_segments(pid: int | str = "self") -> list:
+    """The MPI library's shared-memory files (:data:`SEGMENT_PREFIXES`) process ``pid`` maps."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            fields = [ln.split(None, 5) for ln in f]
+    except OSError:
+        return []
+    return sorted({f[5].strip() for f in fields
+                   if len(f) == 6 and f[5].startswith(SEGMENT_PREFIXES)})
+
+
+def remove_segments(paths) -> None:
+    """Unlink ``paths`` on the way out of the job (the ranks on this node map the same files,
+    and running ranks' mappings stay valid until they end)."""
+    for path in paths:
+        try:
+            os.unlink(path)
         except OSError:
             pass
 
@@ -262,13 +302,19 @@ def watch(fd: int, pid: int, rank: int, parent: int, local: int, host: str) -> N
     except (AttributeError, OSError):
         pidfd = None
     late = _dying(pid)[0]  # the rank died before this watcher was ready: no time of death
+    buf, segments = b"", []
     while True:
-        b = os.read(fd, 64)
-        if CLEAN in b:  # the rank is on Python's exit path: leave now, not at its end
-            return
+        b = os.read(fd, 4096)
         if not b:
             break
+        *lines, buf = (buf + b).split(b"\n")
+        for line in lines:
+            if line == CLEAN:  # the rank is on Python's exit path: leave now, not at its end
+                return
+            if line.startswith(b"F "):
+                segments.append(line[2:].decode(errors="surrogateescape"))
     t = time.monotonic()
+    remove_segments(segments)  # the job is ending: MPI_Finalize will not run
     kind, num = _exit_status(pid, pidfd)
     # the process manager stops the other ranks with SIGKILL: any other known death is a cause
     own = kind == "exit" or (kind == "signal" and num != 9)

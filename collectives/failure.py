@@ -122,14 +122,16 @@ def _write(text: str) -> None:
 
 
 def abort(text: str, code: int = 1) -> None:
-    """Print ``text``, give the process manager a moment to forward it, end the whole job."""
+    """Print ``text``, give the process manager a moment to forward it, remove the MPI
+    library's shared-memory files on this node, end the whole job."""
     try:
         _watcher.claim(text.strip().splitlines()[-1] if text.strip() else "abort")
         _write(text)
         time.sleep(0.2)
     finally:
         try:
-            from mpi4py import MPI
+            from mpi4py import MPI  # (MPI's init maps its shared-memory files, if not yet)
+            _watcher.remove_segments(_watcher.mpi_segments())
             MPI.COMM_WORLD.Abort(code)
         finally:
             os._exit(code)
@@ -283,6 +285,12 @@ def start(world_comm) -> None:
     _control = Control(world_comm.Dup())
     _watchdog = Watchdog(_control)
     _watchdog.start()
+
+
+def mpi_started() -> None:
+    """Called by ``collectives.init()`` once MPI is initialized, before its first collective:
+    the watcher learns MPI's shared-memory files, to remove should this rank die."""
+    _watcher.note_segments()
 
 
 # -- exits and unhandled exceptions ---------------------------------------------------------------

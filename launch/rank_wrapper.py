@@ -15,7 +15,9 @@ It also writes
 - ``DIR/rank_<k>.blame``: the rank named by the child's first ``[disttensor] job aborted: rank
   K`` report (the runtime's failure reports name the rank to blame) and the time,
 
-which the launcher uses to find the rank that failed first.
+which the launcher uses to find the rank that failed first. While the child runs, the wrapper
+notes the MPI library's shared-memory files it maps, and removes them when it ends (an
+aborted or killed job would leave them in /dev/shm; after MPI_Finalize they are gone already).
 """
 from __future__ import annotations
 
@@ -50,6 +52,19 @@ def _die_with_parent():
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except Exception:
         pass
+
+
+def _segment_tools():
+    """collectives/_watcher.py loaded from its file: importing the collectives package would
+    install the rank's failure hooks in this wrapper."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("collectives")
+    path = os.path.join(os.path.dirname(spec.origin), "_watcher.py")
+    mod_spec = importlib.util.spec_from_file_location("_disttensor_watcher", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
 
 
 def main(argv=None) -> int:
@@ -101,6 +116,7 @@ def main(argv=None) -> int:
 
     seen_tb = seen_blame = False
     pending = b""
+    tools, segments, looked = _segment_tools(), set(), 0.0
     with open(log_path, "rb") as f:
         while True:
             chunk = f.read(65536)
@@ -130,7 +146,11 @@ def main(argv=None) -> int:
                     pending += chunk
                     continue
                 break
+            if time.monotonic() > looked + 0.2:
+                segments.update(tools.mpi_segments(child.pid))
+                looked = time.monotonic()
             time.sleep(0.02)
+    tools.remove_segments(segments)
     if pending and console:
         sys.stdout.write(prefix + pending.decode(errors="replace") + "\n")
         sys.stdout.flush()

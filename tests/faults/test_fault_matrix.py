@@ -7,7 +7,7 @@ batch), must end with status 0 and the loss numpy gives.
 
 Under plain mpiexec a rank that dies outside Python (SIGKILL, segfault, ``os._exit``) is named by
 its watcher process (collectives/_watcher.py) in one line; no other case may print that line,
-and no watcher may outlive its job."""
+and no watcher may outlive its job. No job may leave MPI's shared-memory files in /dev/shm."""
 import os
 import re
 import subprocess
@@ -78,6 +78,15 @@ def live_watchers() -> set[int]:
     return pids
 
 
+def mpi_segments() -> set[str]:
+    """MPICH's shared-memory files in /dev/shm (MPI_Finalize removes a job's; after an abort
+    or a rank's death the runtime must)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
+    except OSError:
+        return set()
+
+
 def numpy_loss(skipped: tuple[int, ...] = ()) -> float:
     """The clean run's final loss, from numpy alone (SGD, lr 0.1, mean cross entropy), with
     the steps ``skipped`` making no update."""
@@ -105,7 +114,7 @@ def run(tmp_path, fault: str, how: str, **extra_env):
         cmd = [MPIEXEC, "-n", "4", sys.executable, job]
     else:
         cmd = [sys.executable, "-m", "launch", "--nproc", "4", "--log-dir", str(tmp_path / "logs"), job]
-    before = live_watchers()
+    before, segments = live_watchers(), mpi_segments()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=120, env=env, cwd=str(tmp_path))
     end = time.time()
@@ -115,6 +124,8 @@ def run(tmp_path, fault: str, how: str, **extra_env):
     while live_watchers() - before and time.monotonic() < give_up:
         time.sleep(0.05)
     assert not live_watchers() - before, "a watcher outlived its job:\n" + r.stdout
+    left = mpi_segments() - segments
+    assert not left, f"the job left MPI shared-memory files {sorted(left)}:\n" + r.stdout
     marker = tmp_path / "fault_time"
     since = end - float(marker.read_text()) if marker.exists() else None
     return r, since
