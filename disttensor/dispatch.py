@@ -382,14 +382,17 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     slots: list = [None] * plan.n_slots
     holders: dict = {}
     xp = None
+    grad_in = False  # an input needs grad
     for i, t in enumerate(inputs):
         if t is not None:
             v = t._value
             d = v if type(v) is DenseTensor else v.local
-            slots[i] = d.array
+            a = slots[i] = d.array
             holders[i] = d.holder
             if xp is None:
-                xp = xp_of(d.array)
+                xp = np if type(a) is np.ndarray else xp_of(a)
+            if not t.stop_gradient:
+                grad_in = True
     dev = None
     if xp is None:  # a creation op: its place attr picks the array module and device
         xp, dev = resolve_place(attrs.get("place"))
@@ -397,8 +400,7 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
         _check_inplace_dtype(op, plan, inputs, attrs, inplace)
     node = None
     if needs_grad is None:
-        needs_grad = _GradMode.enabled and op.backward is not None and any(
-            t is not None and not t.stop_gradient for t in inputs)
+        needs_grad = grad_in and _GradMode.enabled and op.backward is not None
     if inplace is not None and needs_grad:
         # recorded before the write, so saved inputs carry their old version
         node = record(op, attrs, inputs, [None] * len(plan.outputs))
