@@ -196,6 +196,8 @@ def mark_clean() -> None:
 def note_segments() -> None:
     """Tell the watcher the MPI library's shared-memory files this rank maps (after MPI's
     init), for it to remove should the rank die outside Python."""
+    if _fd is None:
+        return
     for path in mpi_segments():
         _tell(b"F " + path.encode(errors="surrogateescape"))
 
