@@ -288,13 +288,13 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     else:
         out = Tensor(DenseTensor(res, inputs[src]._value.holder))
         out._is_view = True
-    return _finish(op, plan, attrs, inputs, out)
+    return _finish(op, plan, attrs, inputs, out, xp)
 
 
-def _finish(op: OpDef, plan: Plan, attrs: dict, inputs: tuple, out: Tensor) -> Tensor:
+def _finish(op: OpDef, plan: Plan, attrs: dict, inputs: tuple, out: Tensor, xp) -> Tensor:
     """The fast paths' epilogue: tell recorders, record the grad node."""
     if _recorders:
-        _tell(plan, attrs, inputs, (out,))
+        _tell(plan, attrs, inputs, (out,), xp)
     if _GradMode.enabled and op.backward is not None:
         for t in inputs:
             if t is not None and not t.stop_gradient:
@@ -317,7 +317,8 @@ def _apply_dist(op: OpDef, inputs: tuple, attrs: dict) -> Any:
             v = t._value
             arrays.append(v.local.array if type(v) is DistTensor else v.array)
     first = arrays[0] if arrays[0] is not None else next(a for a in arrays if a is not None)
-    res = plan.kernel.fn(np if type(first) is np.ndarray else xp_of(first), *arrays)
+    xp = np if type(first) is np.ndarray else xp_of(first)
+    res = plan.kernel.fn(xp, *arrays)
     if type(res) is not np.ndarray and isinstance(res, np.generic):
         res = np.asarray(res)
     spec = plan.outputs[0]
@@ -330,7 +331,7 @@ def _apply_dist(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     out = Tensor(DistTensor(dense, plan.mesh, spec.dist_attr, spec.shape))
     if src is not None:
         out._is_view = True
-    return _finish(op, plan, attrs, inputs, out)
+    return _finish(op, plan, attrs, inputs, out, xp)
 
 
 def check_inplace_target(op: OpDef, x: Tensor) -> None:
@@ -424,7 +425,7 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     elif needs_grad:
         record(op, attrs, inputs, outs)
     if _recorders:
-        _tell(plan, attrs, inputs, tuple(outs), slots)
+        _tell(plan, attrs, inputs, tuple(outs), xp, slots)
     return outs[0] if len(outs) == 1 and op.n_out == 1 else tuple(outs)
 
 
@@ -518,9 +519,10 @@ def wrap_array(arr, mesh=None, dist_attr=None, shape=None) -> Tensor:
     return Tensor(DistTensor(DenseTensor(arr), mesh, dist_attr, shape))
 
 
-def _tell(plan: Plan, attrs: dict, inputs: tuple, outs: tuple, slots: list | None = None) -> None:
+def _tell(plan: Plan, attrs: dict, inputs: tuple, outs: tuple, xp,
+          slots: list | None = None) -> None:
     metas = None if slots is None else [
         (tuple(a.shape), a.dtype) if hasattr(a, "dtype") else None for a in slots]
-    rec = CallRecord(plan, attrs, inputs, outs, metas)
+    rec = CallRecord(plan, attrs, inputs, outs, xp, metas)
     for fn in list(_recorders):
         fn(rec)

@@ -157,17 +157,20 @@ def _describe_tensor(t) -> str:
 
 class CallRecord:
     """One executed call, as :func:`disttensor.jit.record` sees it: the plan, the attrs the
-    call passed, the input and output Tensors, the (local shape, dtype) of every slot the plan
-    filled (None on the fast path, which has no temporaries) and the collectives it issued."""
+    call passed, the input and output Tensors, the array module its kernels ran with (numpy
+    or cupy: the first input's, or for a creation op its place's), the (local shape, dtype)
+    of every slot the plan filled (None on the fast path, which has no temporaries) and the
+    collectives it issued."""
 
-    __slots__ = ("plan", "attrs", "inputs", "outputs", "slot_metas")
+    __slots__ = ("plan", "attrs", "inputs", "outputs", "xp", "slot_metas")
 
-    def __init__(self, plan: Plan, attrs: dict, inputs: tuple, outputs: tuple,
+    def __init__(self, plan: Plan, attrs: dict, inputs: tuple, outputs: tuple, xp: Any,
                  slot_metas: list | None = None):
         self.plan = plan
         self.attrs = attrs
         self.inputs = inputs
         self.outputs = outputs
+        self.xp = xp
         self.slot_metas = slot_metas
 
     @property

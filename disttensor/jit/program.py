@@ -87,6 +87,7 @@ class Step:
     scalar_out: bool = False  # a 0-d result the kernel may return as a numpy scalar
     takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
     packs: tuple[int, ...] | None = None  # element offsets of ``ins`` in ``outs[0]`` (Instr.packs)
+    xp: Any = np  # the array module it runs with (a creation op's place may differ from its program's)
 
 
 @dataclass(slots=True, eq=False)
@@ -409,7 +410,7 @@ def build_program(name: str, records: list[CallRecord], phases: list[str], args:
     for k, (t, kind) in enumerate(zip(args, arg_kinds)):
         prog.data.append(b.tensor_value(t, kind, f"x{k}", None))
     for index, (rec, phase) in enumerate(zip(records, phases)):
-        prog.ops.append(_add_op(b, index, rec, phase, xp))
+        prog.ops.append(_add_op(b, index, rec, phase))
     named = {v.id for v in prog.values if v.producer is None}
     prog.chains = InplaceChains(len(prog.values), named.__contains__)
     for op in prog.ops:
@@ -424,7 +425,7 @@ def build_program(name: str, records: list[CallRecord], phases: list[str], args:
     return prog
 
 
-def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> ProgramOp:
+def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
     plan = rec.plan
     ins = tuple(None if t is None else b.input_value(t) for t in rec.inputs)
     slot_reg: dict[int, int] = {}
@@ -455,14 +456,15 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str, xp) -> Program
             out_regs.append(slot_reg[s])
         scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
             np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
-        fn, takes_out = _bind(instr, plan, rec.attrs, xp)
+        fn, takes_out = _bind(instr, plan, rec.attrs, rec.xp)  # the module eager ran it with
         absent = [k for k, i in enumerate(instr.ins) if i < plan.n_in and rec.inputs[i] is None]
         if absent:  # an optional input not given (layer_norm without weight): None, bound
             fn = _with_nones(fn, absent, len(instr.ins))
         steps.append(Step(instr.kind, fn, tuple(slot_reg[i] for k, i in enumerate(instr.ins)
                                                 if k not in absent),
                           tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
-                          takes_out and len(out_regs) == 1, None if absent else instr.packs))
+                          takes_out and len(out_regs) == 1, None if absent else instr.packs,
+                          rec.xp))
     outs, inplace, views = [], [], []
     for spec, t in zip(specs, rec.outputs):
         if spec.is_input is not None:

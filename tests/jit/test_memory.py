@@ -391,3 +391,22 @@ def test_bucket_gradients_are_made_in_place_in_the_bucket(comm):
     unpacked = run(pack=False)[2]
     assert unpacked.memory.group.get(prog.values[dw].reg) != unpacked.memory.group[bucket]
     assert mp.arena.size <= unpacked.memory.arena.size
+
+
+def test_a_step_on_another_array_module_stays_out_of_the_arena():
+    """Each replayed step runs with the array module eager ran its op with: a creation op's
+    place may differ from the program's device (the optimizer's learning rate is a host scalar
+    beside GPU kernels). The planner keeps what such a step makes out of the program's arena.
+    (On the CPU every step is numpy: one step is marked as another module's here.)"""
+    from disttensor.jit.buffers import plan_buffers, timeline
+    _, _, step = _steps("mlp", "default", None, captured=True, plan_memory="all", n=3)
+    prog = step.program
+    assert all(s.xp is np for _, s in timeline(prog))
+    planned = [s for k, (_, s) in enumerate(timeline(prog))
+               if s.kind == "kernel" and any((k, r) in prog.memory.define for r in s.outs)]
+    marked = planned[len(planned) // 2]
+    marked.xp = object()  # stands for cupy
+    mp = plan_buffers(prog, prog.escaping(), "all")
+    defined = {r for _, r in mp.define}
+    assert not defined & set(marked.outs)
+    assert len(defined) >= len({r for _, r in prog.memory.define}) - len(marked.outs) - 2
