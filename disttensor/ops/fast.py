@@ -80,6 +80,8 @@ def _allow_512_bit_vectors() -> None:
         from numba.core.registry import cpu_target
 
         cpu_target.target_context  # makes the code generator with these features
+    except (ImportError, AttributeError):  # a numba laid out otherwise: its default vectors
+        pass
     finally:
         del os.environ["NUMBA_CPU_FEATURES"]
 
