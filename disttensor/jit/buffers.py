@@ -133,7 +133,7 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
                 continue  # buffer; a later write into a register keeps it where it was made
             if s.kind == "local" and not s.takes_out and s.ins and find(s.ins[0]) != r:
                 base[r] = find(s.ins[0])  # a reshard step that may return a slice: a view
-            elif s.kind == "empty" or s.scalar_out or s.xp is not prog._xp or (
+            elif s.kind == "empty" or s.scalar_out or s.xp is not prog.xp or (
                     scope == "kernels" and not s.takes_out):  # (another device: not its arena)
                 unplanned.add(r)
     for v in prog.values:

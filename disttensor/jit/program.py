@@ -177,7 +177,7 @@ class Program:
         self.recomputed: list[tuple[int, int]] = []  # (forward value, its backward copy)
         self.memory: MemoryPlan | None = None
         self.arena = None                      # the arena array while planned
-        self._xp = np
+        self.xp = np                           # the step inputs' array module: the arena's
 
     # -- analysis ---------------------------------------------------------------------------
     def root(self, vid: int) -> int:
@@ -196,7 +196,7 @@ class Program:
             self.forward, self.backward = _split(self)
             if self.plan_memory:
                 self.memory = plan_buffers(self, self.escaping(), self.plan_memory)
-                self.arena = _arena(self.memory.arena.size, self._xp)
+                self.arena = _arena(self.memory.arena.size, self.xp)
             for sub in (self.forward, self.backward):
                 _codegen(self, sub)
         return self.forward, self.backward
@@ -405,7 +405,7 @@ def build_program(name: str, records: list[CallRecord], phases: list[str], args:
     """The :class:`Program` of a capture: ``records`` with their ``phases``; ``args`` the step's
     tensor arguments (``arg_kinds``: "data" or "float")."""
     prog = Program(name)
-    prog._xp = xp
+    prog.xp = xp
     b = _Builder(prog)
     for k, (t, kind) in enumerate(zip(args, arg_kinds)):
         prog.data.append(b.tensor_value(t, kind, f"x{k}", None))
