@@ -87,7 +87,7 @@ class Step:
     scalar_out: bool = False  # a 0-d result the kernel may return as a numpy scalar
     takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
     packs: tuple[int, ...] | None = None  # element offsets of ``ins`` in ``outs[0]`` (Instr.packs)
-    xp: Any = np  # the array module it runs with (a creation op's place may differ from its program's)
+    xp: Any = np  # the array module it runs with (a creation op's place may not be the program's)
 
 
 @dataclass(slots=True, eq=False)

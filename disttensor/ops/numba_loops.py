@@ -12,9 +12,10 @@ Loops are single-threaded (ranks run one thread each) and compiled once per dtyp
 
 Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a
 polynomial, the power of two built from its exponent bits; one fma adding 1.5 * 2**23 + 127
-both rounds x / ln 2 to an integer and leaves that power's exponent bits in the sum) so that loops calling it
-vectorize: libm's scalar ``expf`` is several times slower. Row maxima use LLVM's ``maxnum``,
-which vectorizes; a NaN in a row still reaches every output of that row through the sum.
+both rounds x / ln 2 to an integer and leaves that power's exponent bits in the sum) so that
+loops calling it vectorize: libm's scalar ``expf`` is several times slower. Row maxima use
+LLVM's ``maxnum``, which vectorizes; a NaN in a row still reaches every output of that row
+through the sum.
 Floating-point flags: reassociation (vectorized sums) and FMA contraction only, so NaN and
 infinities keep numpy's meaning.
 """
