@@ -116,7 +116,8 @@ def main(argv=None) -> int:
 
     seen_tb = seen_blame = False
     pending = b""
-    tools, segments, looked = _segment_tools(), set(), 0.0
+    # the child's MPI files, read from its maps at growing intervals (MPI's init makes them)
+    tools, segments, look_at, interval = _segment_tools(), set(), time.monotonic() + 0.2, 0.2
     with open(log_path, "rb") as f:
         while True:
             chunk = f.read(65536)
@@ -146,9 +147,10 @@ def main(argv=None) -> int:
                     pending += chunk
                     continue
                 break
-            if time.monotonic() > looked + 0.2:
+            if time.monotonic() > look_at:
                 segments.update(tools.mpi_segments(child.pid))
-                looked = time.monotonic()
+                interval = min(2 * interval, 5.0)
+                look_at = time.monotonic() + interval
             time.sleep(0.02)
     tools.remove_segments(segments)
     if pending and console:
