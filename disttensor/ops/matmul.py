@@ -33,7 +33,7 @@ def _matmul_kernel(xp, x, y, transpose_x=False, transpose_y=False, out=None):
         return res.reshape(x.shape[:-1] + (y.shape[-1],)) if out is None else out
     if transpose_x and x.ndim >= 2:
         x = xp.swapaxes(x, -1, -2)
-    if x.ndim == 2 and y.ndim == 2:
+    if xp is not np and x.ndim == 2 and y.ndim == 2:  # (numpy's matmul is the one call)
         return _matmul_2d(xp, x, y, out)
     return xp.matmul(x, y) if out is None else xp.matmul(x, y, out=out)
 
