@@ -129,18 +129,16 @@ def _pow2_rounded32(typingctx, s):
 
 
 @intrinsic
-def _rounded_int32(typingctx, s, base):
-    """The integer ``s - base`` of two float32 of one binade (s made by adding base), as a
-    float, through their bits: fast-math sees no float subtraction to fold back into the
-    fma that made s, nor to distribute over a later product (``k * ln2_hi``)."""
-    if s != types.float32 or base != types.float32:
+def _sub_strict(typingctx, a, b):
+    """``a - b`` without fast-math flags: LLVM neither folds it back into the fma that made a
+    (``fma(x, y, b) - b`` is not ``x * y`` in rounding) nor distributes a later product over it
+    (``(a - b) * ln2_hi`` is not ``a * ln2_hi - b * ln2_hi``)."""
+    if a != b or a not in (types.float32, types.float64):
         return None
 
     def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        d = builder.sub(builder.bitcast(args[0], i32), builder.bitcast(args[1], i32))
-        return builder.sitofp(d, ir.FloatType())
-    return types.float32(s, base), codegen
+        return builder.fsub(args[0], args[1])
+    return a(a, b), codegen
 
 
 @njit(inline="always", cache=True)
@@ -158,9 +156,10 @@ def _exp32(x):
     xc = x if x < _HI32 else _HI32
     xc = xc if xc > _LO32 else _LO32
     s = _fma(xc, _L2E32, _ROUND32_126)  # k = round(x / ln2), as (k - 1) + 127 + _ROUND32
-    k = _rounded_int32(s, _ROUND32_126)
+    k = _sub_strict(s, _ROUND32_126)
     # 2**(k-1) * 2: k reaches 128 at the top of the range
-    res = _exp32_reduced(s, (xc - k * _LN2H32) - k * _LN2L32) * np.float32(2)
+    r = _fma(k, -_LN2L32, _fma(k, -_LN2H32, xc))  # reassociation cannot merge ln 2's halves
+    res = _exp32_reduced(s, r) * np.float32(2)
     res = np.float32(np.inf) if x > _HI32 else res
     res = np.float32(0) if x < _LO32 else res
     return x if x != x else res  # NaN
@@ -171,7 +170,7 @@ def _exp64(x):
     xc = x if x < _HI64 else _HI64
     xc = xc if xc > _LO64 else _LO64
     k = np.floor(xc * _L2E64 + 0.5)
-    r = (xc - k * _LN2H64) - k * _LN2L64
+    r = _fma(k, -_LN2L64, _fma(k, -_LN2H64, xc))  # reassociation cannot merge ln 2's halves
     p = _P64[13]
     for i in range(12, -1, -1):  # constant trip count: unrolled
         p = p * r + _P64[i]
@@ -336,51 +335,60 @@ def relu_grad(y, g, out):
 # relative before float32 evaluation. Then Phi(x) = Q(a) for x < 0 and 1 - Q(a) otherwise: no
 # 1 + erf cancellation, so both tails keep float32's relative precision; the exp is shared with
 # the gradient's pdf. Error against math.erfc (tests/core/test_fast_kernels): <= 4 float32 eps
-# relative for x >= -13 (below, x * Phi(x) < 2e-37 and loses precision to underflow).
+# relative for x >= -13 (below, x * Phi(x) < 2e-37 and loses precision to underflow). The loops
+# work with b = -a (its powers' coefficients signed to match) and with 2r, twice exp's reduced
+# argument (the polynomial's coefficients scaled to match): both save an operation per element.
 _MILLS_P = tuple(np.float32(c) for c in (0.5, 0.4353259205818176, 0.18104207515716553,
                                          0.039895497262477875, 0.004007115960121155))
 _MILLS_R = tuple(np.float32(c) for c in (1.0, 1.6685367822647095, 1.1933798789978027,
                                          0.46368175745010376, 0.1000107079744339,
                                          0.010044203139841557))
-# the a where -a^2 / 2 reaches _exp32's lower limit (its result still a normal number); beyond
-# it Phi(-a) < 1e-39 is taken as 0
-_A_MAX32 = np.float32(math.sqrt(-2.0 * float(_LO32)))
+_MILLS_P_NEG = tuple(np.float32(c * (-1) ** i) for i, c in enumerate(_MILLS_P))
+_MILLS_R_NEG = tuple(np.float32(c * (-1) ** i) for i, c in enumerate(_MILLS_R))
+# |x| is clamped at the a where a^2 / 2 / ln2 = 127: there, and from 13.24 (where it rounds to
+# 127), the power of two 2**-127 that _pow2_rounded32 builds has all bits zero, so Q = 0 for
+# the clamped tail (|x| beyond 13.24: Phi(-a) < 1e-39) and for +-inf
+_B_MIN32 = np.float32(-math.sqrt(2.0 * math.log(2.0) * 127.0))
 _HALF_L2E32 = np.float32(-0.5 / math.log(2.0))
+_LN2H32_X2, _LN2L32_X2 = np.float32(2) * _LN2H32, np.float32(2) * _LN2L32
+_P32_HALF = tuple(np.float32(c / 2.0 ** i) for i, c in enumerate(_P32))  # exp(r) in 2r
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @njit(inline="always", cache=True)
-def _phi_pdf32(v):
-    """``(Phi(v), exp(-v^2 / 2))`` for float32 v (the normal CDF and sqrt(2 pi) times its
-    pdf), branch-free. v^2 is split exactly as hi + lo (FMA), so the exponent -v^2 / 2 carries no
-    rounding error into the far tail."""
-    a0 = abs(v)
-    a = a0 if a0 < _A_MAX32 else _A_MAX32
-    hi = a * a
-    lo = _fma(a, a, -hi)
+def _tail32(v):
+    """``(Phi(-|v|), exp(-v^2 / 2), b)`` for float32 v, with b = -min(|v|, 13.27) (the normal
+    CDF's tail, sqrt(2 pi) times its pdf), branch-free. A NaN v gives b = -13.27 and a tail of
+    0 (callers carry v's NaN). v^2 is split exactly as hi + lo (FMA), so the exponent
+    -v^2 / 2 carries no rounding error into the far tail."""
+    b0 = -abs(v)
+    b = b0 if b0 > _B_MIN32 else _B_MIN32
+    hi = b * b
+    lo = _fma(b, b, -hi)
     s = _fma(hi, _HALF_L2E32, _ROUND32_127)  # k = round(-v^2 / 2 / ln2), as k + 127 + _ROUND32
-    k = _rounded_int32(s, _ROUND32_127)
-    # -v^2 / 2 - k ln2 in fma steps (exact but for the last), which reassociation cannot reorder
-    r = _fma(k, -_LN2H32, np.float32(-0.5) * hi)
-    r = _fma(lo, np.float32(-0.5), _fma(k, -_LN2L32, r))
-    e = _exp32_reduced(s, r)
-    e = np.float32(0.0) if a0 > _A_MAX32 else e  # +-inf, or beyond float32's tail
-    p, c = _MILLS_P, _MILLS_R  # Estrin, with hi = a^2: short dependency chains
-    num = _fma(hi, _fma(hi, p[4], _fma(a, p[3], p[2])), _fma(a, p[1], p[0]))
-    den = _fma(hi, _fma(hi, _fma(a, c[5], c[4]), _fma(a, c[3], c[2])), _fma(a, c[1], c[0]))
-    q = e * num / den
-    return (q if v < np.float32(0.0) else np.float32(1.0) - q), e
+    k = _sub_strict(s, _ROUND32_127)
+    r2 = _fma(k, -_LN2L32_X2, _fma(k, -_LN2H32_X2, -hi)) - lo  # 2 (-v^2 / 2 - k ln2)
+    e = _P32_HALF[6]
+    for i in range(5, -1, -1):  # constant trip count: unrolled
+        e = e * r2 + _P32_HALF[i]
+    e = e * _pow2_rounded32(s)
+    p, c = _MILLS_P_NEG, _MILLS_R_NEG  # Estrin, with hi = b^2: short dependency chains
+    num = _fma(hi, _fma(hi, p[4], _fma(b, p[3], p[2])), _fma(b, p[1], p[0]))
+    den = _fma(hi, _fma(hi, _fma(b, c[5], c[4]), _fma(b, c[3], c[2])), _fma(b, c[1], c[0]))
+    return e * num / den, e, b
 
 
 @njit(**_JIT)
 def gelu_erf(x, out):
     """``x * Phi(x)`` (exact GELU), float32 only; x = -inf gives NaN (0 * -inf), as numpy's
-    kernel does."""
+    kernel does. Computed as ``max(x, -0) + min(b, x) * Q``: ``x * Q`` for x < 0 and
+    ``x - |x| * Q`` otherwise, signed zeros, infinities and NaN as ``x * Phi(x)`` gives them."""
     dst = _into(x, out)
+    neg0 = np.float32(-0.0)
     for i in range(x.size):
         v = x[i]
-        phi, _ = _phi_pdf32(v)
-        dst[i] = v * phi
+        q, _, b = _tail32(v)
+        dst[i] = _fma(b if b < v else v, q, neg0 if neg0 > v else v)
 
 
 @njit(**_JIT)
@@ -390,7 +398,8 @@ def gelu_erf_grad(x, g, out):
     c = np.float32(_INV_SQRT_2PI)
     for i in range(x.size):
         v = x[i]
-        phi, e = _phi_pdf32(v)
+        q, e, _ = _tail32(v)
+        phi = q if v < np.float32(0.0) else np.float32(1.0) - q
         dst[i] = g[i] * _fma(v * c, e, phi)
 
 
