@@ -117,7 +117,8 @@ _ROUND32_127, _ROUND32_126 = _ROUND32 + np.float32(127), _ROUND32 + np.float32(1
 @intrinsic
 def _pow2_rounded32(typingctx, s):
     """``2**j`` for the float32 ``s = _ROUND32 + 127 + j`` (integral j in [-126, 127]): the
-    low bits of s, j + 127, shifted into the exponent field."""
+    low bits of s, j + 127, shifted into the exponent field; j = -127 gives 0.0 (all bits
+    zero), which exact GELU's clamped tail relies on."""
     if s != types.float32:
         return None
 
