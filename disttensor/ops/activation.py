@@ -78,12 +78,13 @@ def _log_softmax_grad_kernel(xp, y, dout, axis, out=None):
     return xp.subtract(dout, e, out=e if out is None else out)
 
 
-register("softmax_grad", fast.softmax_grad(gpu_fused.softmax_grad(_softmax_grad_kernel)), rule="softmax", reuse=(1,),
-         accepts_out=True)
+register("softmax_grad", fast.softmax_grad(gpu_fused.softmax_grad(_softmax_grad_kernel)),
+         rule="softmax", reuse=(1,), accepts_out=True)
 register("log_softmax_grad", _log_softmax_grad_kernel, rule="softmax", reuse=(1,),
          accepts_out=True)
-register("softmax", fast.softmax(gpu_fused.softmax(_softmax_kernel)), backward=grad_op_backward("softmax_grad"), rule="softmax",
-         save_outputs=(0,), reuse=(0,), dtype=same_dtype(0), accepts_out=True)
+register("softmax", fast.softmax(gpu_fused.softmax(_softmax_kernel)),
+         backward=grad_op_backward("softmax_grad"), rule="softmax", save_outputs=(0,), reuse=(0,),
+         dtype=same_dtype(0), accepts_out=True)
 register("log_softmax", _log_softmax_kernel, backward=grad_op_backward("log_softmax_grad"),
          rule="softmax", save_outputs=(0,), reuse=(0,), dtype=same_dtype(0), accepts_out=True)
 

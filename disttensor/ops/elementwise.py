@@ -318,9 +318,9 @@ _unary("relu", fast.relu(_relu), fast.relu_grad(_times_g(lambda xp, out: out > 0
 _unary("silu", _floating(_silu), _silu_grad, save="x", dtype=_FLOAT)
 register("gelu_grad", fast.gelu_grad(gpu_fused.gelu_grad(_gelu_grad)), rule="elementwise",
          reuse=(1,), accepts_out=True)
-register("gelu", _floating(fast.gelu(gpu_fused.gelu(_gelu))), backward=grad_op_backward("gelu_grad"),
-         rule="elementwise", save_inputs=(0,), reuse=(0,), dtype=_FLOAT, accepts_out=True,
-         recompute=True)
+register("gelu", _floating(fast.gelu(gpu_fused.gelu(_gelu))),
+         backward=grad_op_backward("gelu_grad"), rule="elementwise", save_inputs=(0,),
+         reuse=(0,), dtype=_FLOAT, accepts_out=True, recompute=True)
 
 
 # -- scale, cast, clip, where ------------------------------------------------------------------

@@ -100,9 +100,11 @@ def _ln_grad_dtype(dtypes, attrs) -> tuple:
     return x, np.result_type(dout, x), dout
 
 
-register("layer_norm_grad", fast.layer_norm_grad(gpu_fused.layer_norm_grad(_layer_norm_grad_kernel)), rule="layer_norm_grad", n_out=3,
-         dtype=_ln_grad_dtype)
-register("layer_norm", fast.layer_norm(gpu_fused.layer_norm(_layer_norm_kernel)), backward=_layer_norm_bwd, rule="layer_norm", n_out=3,
+register("layer_norm_grad",
+         fast.layer_norm_grad(gpu_fused.layer_norm_grad(_layer_norm_grad_kernel)),
+         rule="layer_norm_grad", n_out=3, dtype=_ln_grad_dtype)
+register("layer_norm", fast.layer_norm(gpu_fused.layer_norm(_layer_norm_kernel)),
+         backward=_layer_norm_bwd, rule="layer_norm", n_out=3,
          save_inputs=(0, 1), save_outputs=(1, 2), nondiff_outputs=frozenset({1, 2}),
          dtype=same_dtype(0, n_out=3), recompute=True)
 
