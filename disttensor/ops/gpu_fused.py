@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collectives._common import is_cupy
+
 __all__ = ["gelu", "gelu_grad", "adam", "softmax", "softmax_grad", "layer_norm",
            "layer_norm_grad"]
 
@@ -57,15 +59,11 @@ def _kernel(name: str):
     return cupy.ElementwiseKernel(*_SOURCES[name], name=f"disttensor_{name}")
 
 
-def _is_cupy(x) -> bool:
-    return type(x) is not np.ndarray and hasattr(x, "__cuda_array_interface__")
-
-
 def _fusable(x, *others) -> bool:
     """cupy arrays, x float32/float64 and non-empty, the others (None skipped) of x's dtype."""
-    if not _is_cupy(x) or x.dtype not in (np.float32, np.float64) or not x.size:
+    if not is_cupy(x) or x.dtype not in (np.float32, np.float64) or not x.size:
         return False
-    return all(a is None or (_is_cupy(a) and a.dtype == x.dtype) for a in others)
+    return all(a is None or (is_cupy(a) and a.dtype == x.dtype) for a in others)
 
 
 def _into(kernel, out, *args):
