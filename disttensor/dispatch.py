@@ -30,8 +30,8 @@ from spmd_rules import DistAttr
 from .distributed.dist_tensor import DistTensor
 from .distributed.planner import describe_inputs, plan_call
 from .plan import CallRecord, Instr, OutSpec, Plan
-from .schema import DENSE_CTX, OpDef
-from .tape import _GradMode, record
+from .schema import DENSE_CTX, OPS, OpDef
+from .tape import _GradMode, record, set_grad_enabled
 from .tensor import DenseTensor, Holder, Tensor
 
 __all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "add_recorder",
@@ -405,6 +405,8 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     if inplace is not None and needs_grad:
         # recorded before the write, so saved inputs carry their old version
         node = record(op, attrs, inputs, [None] * len(plan.outputs))
+        if inplace[0] in op.save_inputs:
+            _save_old_target(node, op, inputs, inplace[0])
     if _watchers and plan.writes:
         for fn in list(_watchers):
             fn(plan, inputs)
@@ -427,6 +429,19 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     if _recorders:
         _tell(plan, attrs, inputs, tuple(outs), xp, slots)
     return outs[0] if len(outs) == 1 and op.n_out == 1 else tuple(outs)
+
+
+def _save_old_target(node, op: OpDef, inputs: tuple, ti: int) -> None:
+    """``op_`` saves its target, whose value the write replaces: where another input needs
+    grad, save a copy made by the copy op (so a recorded step has it) instead, as PyTorch
+    saves the original self (multiply_ and divide_ read it only for the other operand's
+    gradient; a backward that still reads the overwritten target raises the version error)."""
+    if all(e is None for i, e in enumerate(node.edges) if i != ti):
+        return
+    with set_grad_enabled(False):
+        old = apply(OPS["scale"], (inputs[ti],), {"scale": 1.0, "bias": 0.0,
+                                                  "bias_after_scale": True})
+    node.save(old, at=op.save_inputs.index(ti))
 
 
 def _check_inplace_dtype(op: OpDef, plan: Plan, inputs: tuple, attrs: dict, pair) -> None:

@@ -85,13 +85,17 @@ class GradNode:
     def name(self) -> str:
         return self.op.name
 
-    def save(self, t: Tensor | None) -> None:
-        if t is None:
-            self.saved.append(None)
-            return
-        dense = t._local_dense()
-        # a weak reference: an output saving itself must not make a reference cycle
-        self.saved.append((t._value, dense.holder, dense.holder.version, weakref.ref(t)))
+    def save(self, t: Tensor | None, at: int | None = None) -> None:
+        """Save ``t`` (with its buffer's version) after the others, or as saved value ``at``."""
+        entry = None
+        if t is not None:
+            dense = t._local_dense()
+            # a weak reference: an output saving itself must not make a reference cycle
+            entry = (t._value, dense.holder, dense.holder.version, weakref.ref(t))
+        if at is None:
+            self.saved.append(entry)
+        else:
+            self.saved[at] = entry
 
     def saved_tensor(self, i: int) -> Tensor | None:
         """The i-th saved value as a fresh Tensor, after checking its buffer was not modified."""

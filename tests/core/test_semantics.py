@@ -198,12 +198,31 @@ def test_inplace_chain_gradients():
     dt.sum(h).backward()
     an, wn = a.numpy(), w.numpy()
     np.testing.assert_allclose(a.grad.numpy(), 2 * wn * np.exp(2 * an * wn))
-    # with w needing grad, dw needs the overwritten h: a clear error instead of a wrong grad
-    w2 = T([1.0, 2.0, 3.0], stop_gradient=False)
-    h2 = dt.multiply(a, 1.0)
-    h2.multiply_(w2)
+
+
+def test_inplace_product_and_quotient_with_an_operand_needing_grad():
+    """dw of h.multiply_(w) and h.divide_(w) reads h before the write: a copy is saved (as
+    PyTorch's mul_ and div_ do), so both gradients are right."""
+    a = T([0.5, -1.0, 2.0], stop_gradient=False)
+    w = T([1.5, 2.0, -3.0], stop_gradient=False)
+    g = np.array([1.0, -2.0, 0.5])
+    h = dt.multiply(a, 1.0)
+    h.multiply_(w)
+    h.divide_(w * w)  # h = a / w
+    dt.sum(h * T(g)).backward()
+    an, wn = a.numpy(), w.numpy()
+    np.testing.assert_allclose(h.numpy(), an / wn)
+    np.testing.assert_allclose(a.grad.numpy(), g / wn)
+    np.testing.assert_allclose(w.grad.numpy(), -g * an / wn ** 2)
+
+
+def test_a_saved_tensor_overwritten_later_still_raises():
+    a = T([0.5, -1.0, 2.0], stop_gradient=False)
+    h = dt.multiply(a, 1.0)
+    y = h * a  # saves h
+    h.multiply_(T([2.0, 2.0, 2.0]))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        dt.sum(h2).backward()
+        dt.sum(y).backward()
 
 
 def test_leaf_inplace_error():

@@ -168,6 +168,26 @@ def test_grad_shard_tensor_of_non_leaf_and_matmul():
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("h_pl,w_pl", [("S0", "S1"), ("S1", "R"), ("R", "S0")])
+def test_grad_inplace_product_and_quotient_of_dist_tensors(h_pl, w_pl):
+    """h.multiply_(w) then h.divide_(w*w) with both needing grad, uneven shapes: the saved copy
+    of h's old value is a dist tensor too; values and gradients against numpy."""
+    mesh = _mesh()
+    rest = [Replicate()] * (mesh.ndim - 1)
+    pl = {"S0": [Shard(0)] + rest, "S1": [Shard(1)] + rest, "R": [Replicate()] * mesh.ndim}
+    A, Wv, Gr = G_((5, 7), 8), -np.abs(G_((5, 7), 9)) - 1.0, G_((5, 7), 10)
+    a = dt.shard_tensor(A, mesh, pl[h_pl], stop_gradient=False)
+    w = dt.shard_tensor(Wv, mesh, pl[w_pl], stop_gradient=False)
+    h = a * 1.0
+    h.multiply_(w)
+    h.divide_(w * w)
+    (h * dt.to_tensor(Gr)).sum().backward()
+    np.testing.assert_allclose(h.numpy(), A / Wv, rtol=1e-12)
+    np.testing.assert_allclose(a.grad.numpy(), Gr / Wv, rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), -Gr * A / Wv ** 2, rtol=1e-12)
+
+
+@pytest.mark.mpi
 def test_grad_dtensor_from_local_and_to_local():
     mesh = ProcessMesh(list(range(world().size)))
     G, W = G_((9, 4), 8), G_((9, 4), 9)

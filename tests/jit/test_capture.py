@@ -98,6 +98,40 @@ def test_an_op_that_reads_and_writes_one_value():
     _both(make)
 
 
+def test_an_inplace_product_whose_factors_both_need_grad():
+    """h.multiply_(w2) with w2 needing grad saves a copy of h's old value for w2's gradient:
+    the copy is an op of the captured program; updates match eager mode and numpy."""
+    rng = np.random.default_rng(3)
+    W1, W2 = rng.standard_normal((3, 2)), rng.standard_normal((4, 2))
+    params = []
+
+    def make():
+        w1 = dt.to_tensor(W1, stop_gradient=False)
+        w2 = dt.to_tensor(W2, stop_gradient=False)
+        params[:] = [w1, w2]
+        opt = dt.optimizer.SGD(0.1, parameters=[w1, w2])
+
+        def step(x):
+            h = dt.matmul(x, w1)
+            h.multiply_(w2)
+            loss = (h * h).sum()
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            return loss
+        return step, lambda k: (dt.to_tensor(np.full((4, 3), 0.1 * (k + 1))),), \
+            lambda: [w1.numpy(), w2.numpy()]
+    f = _both(make)
+    assert f.captures == 2  # no .grad at the first entry, zeroed ones (clear_grad) after
+    w1, w2 = W1.copy(), W2.copy()
+    for k in range(4):  # the same steps in numpy
+        x = np.full((4, 3), 0.1 * (k + 1))
+        p = x @ w1
+        w1, w2 = w1 - 0.1 * x.T @ (2 * p * w2 * w2), w2 - 0.1 * 2 * p * p * w2
+    np.testing.assert_allclose(params[0].numpy(), w1, rtol=1e-12)
+    np.testing.assert_allclose(params[1].numpy(), w2, rtol=1e-12)
+
+
 @pytest.mark.parametrize("clear", ["never", "to_none_outside"])
 def test_gradients_accumulate_across_replays_as_in_eager_mode(clear):
     """A step that does not clear its gradients: each replay adds to the .grad the tensor holds
