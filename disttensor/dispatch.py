@@ -490,7 +490,7 @@ def _wrap(plan: Plan, slots: list, holders: dict, inputs: tuple) -> list:
     tensors themselves for inplace and mutated outputs."""
     outs = []
     specs = plan.outputs
-    if plan.op.n_out == -1 and len(specs) == 1:  # dense split: as many outputs as results
+    if plan.op.n_out == -1 and plan.kind != "dist":  # dense split: as many outputs as results
         first = specs[0].slot
         specs = [OutSpec(first + k, None, None, view_of=specs[0].view_of)
                  for k in range(len(slots) - first)]

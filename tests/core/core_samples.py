@@ -166,7 +166,8 @@ SAMPLES: dict[str, list] = {
     "set_value": [_set_value((4, 5), (slice(1, 3), 2), (2,)),
                   _set_value((3, 4), (Ellipsis, slice(1, 4, 2)), (1, 2))],
     "split": [lambda rng: ([_n(rng, 5, 3)], {"sections": (2, 0, 3), "axis": 0}),
-              lambda rng: ([_n(rng, 2, 6)], {"sections": (3, 3), "axis": 1})],
+              lambda rng: ([_n(rng, 2, 6)], {"sections": (3, 3), "axis": 1}),
+              lambda rng: ([_n(rng, 5, 3)], {"sections": (5,), "axis": 0})],  # chunk(x, 1)
     "concat": [lambda rng: ([_n(rng, 2, 3), _n(rng, 1, 3), _n(rng, 0, 3)], {"axis": 0}),
                lambda rng: ([_n(rng, 2, 3), _n(rng, 2, 2)], {"axis": 1})],
     "stack": [lambda rng: ([_n(rng, 2, 3), _n(rng, 2, 3)], {"axis": 1})],
