@@ -145,6 +145,11 @@ class KernelCtx:
         """The global shape of input ``input_index`` (given its local shape)."""
         return tuple(local_shape)
 
+    def is_split(self, input_index: int, axis: int) -> bool:
+        """Whether ``axis`` of input ``input_index`` is split across ranks (alike on every rank,
+        unlike a comparison of the local and global sizes: a rank may hold all of a split axis)."""
+        return False
+
     def collectives(self) -> list[str]:
         """The collectives this context may issue (for printing plans)."""
         return []

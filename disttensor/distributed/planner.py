@@ -76,6 +76,9 @@ class DistKernelCtx(KernelCtx):
     def global_shape(self, input_index: int, local_shape_: tuple[int, ...]) -> tuple[int, ...]:
         return self.metas[input_index].shape
 
+    def is_split(self, input_index: int, axis: int) -> bool:
+        return bool(self.metas[input_index].dist_attr.dims_mapping[axis])
+
     def collectives(self) -> list[str]:
         dims = sorted({m for meta in self.metas if meta is not None
                        for dm in meta.dist_attr.dims_mapping for m in dm})

@@ -295,11 +295,11 @@ def adam(numpy_kernel: Kernel) -> Kernel:
 
 def _whole_classes(xp, x, label, axis, ctx) -> bool:
     """The rows of a cross entropy call a loop can take: float x (see :func:`_floats`) whose
-    last axis holds the classes, all of them on this rank (no class offset, no collective), and
-    a numpy integer label with one entry per row."""
+    last axis holds the classes, not split across ranks (no class offset, no collective; decided
+    alike on every rank), and a numpy integer label with one entry per row."""
     return (axis == x.ndim - 1 and _floats(xp, x) and type(label) is np.ndarray
             and label.dtype.kind in "iu" and label.size * x.shape[-1] == x.size
-            and ctx.global_shape(0, x.shape)[axis] == x.shape[axis])
+            and not ctx.is_split(0, axis))
 
 
 def cross_entropy_rows(numpy_rows: Kernel) -> Kernel:
