@@ -435,6 +435,7 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
     specs = _out_specs(plan, len(rec.outputs))
     out_slot = {spec.slot: k for k, spec in enumerate(specs) if spec.is_input is None}
     scratch: list[int] = []
+    scratch_of: dict[int, int] = {}  # plan slot -> the value of that temporary
     steps = []
     for instr in plan.instrs:
         out_regs = []
@@ -451,8 +452,9 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
                 if s not in out_slot:  # a plan temporary (a reshard's result)
                     meta = rec.slot_metas[s] if rec.slot_metas else None
                     shape, dtype = meta if meta else ((), np.float64)
-                    scratch.append(b.new_value(None, "scratch", None, dtype, None, shape,
-                                               slot_reg[s], index))
+                    scratch_of[s] = b.new_value(None, "scratch", None, dtype, None, shape,
+                                                slot_reg[s], index)
+                    scratch.append(scratch_of[s])
             out_regs.append(slot_reg[s])
         scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
             np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
@@ -477,8 +479,9 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
             b.reg_of[id(dense)] = reg
             b.keep.append(dense)
             vid = b.new_value(None, "temp", *_meta(t), reg, index, _layout(t))
-            if spec.view_of is not None and spec.view_of < plan.n_in:
-                views.append((ins[spec.view_of], vid))
+            if spec.view_of is not None:  # of an input, or of a temporary (a reshard's result)
+                views.append((ins[spec.view_of] if spec.view_of < plan.n_in
+                              else scratch_of[spec.view_of], vid))
         outs.append(vid)
     for i in plan.writes:  # inputs written but not returned (none today): new versions too
         if all(a != ins[i] for a, _ in inplace):

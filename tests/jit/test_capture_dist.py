@@ -108,3 +108,43 @@ def test_numpy_inside_a_step_raises_on_every_rank_and_changes_nothing(comm):
     assert not opt.state_dict(), "the optimizer's states made during the capture are forgotten"
     assert dt.generator.default_generator.rng.bit_generator.state == seed
     assert sf.captures == 0
+
+
+def test_a_view_of_a_reshard_result_saved_for_backward_keeps_its_block(comm):
+    """slice after a reshard returns a view of the reshard's temporary; max saves that view for
+    its backward. The temporary's arena block must live as long as the view (it was freed at
+    the slice, and a later block overwrote the saved values: NaN gradients on replay)."""
+    mesh = dt.ProcessMesh([[0, 1], [2, 3]]) if WORLD == 4 else dt.ProcessMesh(list(range(WORLD)))
+    S, R = dt.Shard, dt.Replicate
+    rest = [R()] * (mesh.ndim - 1)
+    rng = np.random.default_rng(6)
+    P, W = rng.standard_normal((4, 4)), rng.standard_normal((1, 4))
+    p = dt.shard_tensor(P, mesh, [S(0)] + rest, stop_gradient=False)
+    w = dt.shard_tensor(W, mesh, [R()] * mesh.ndim)
+
+    def step(x):
+        h = dt.softmax(p * x, axis=1)  # rows split over the mesh: h[1:] reshards them to
+        h = h[1:]                      # columns first and returns a view of that temporary
+        h = dt.softmax(dt.max(h, axis=0, keepdim=True), axis=1)
+        loss = dt.sum(h * w)
+        loss.backward()
+        return loss
+    f = dt.jit.to_static(step)
+    want = np.zeros_like(P)
+    for k in range(4):
+        X = np.full((4, 4), 1.0 + 0.5 * k)
+        f(dt.shard_tensor(X, mesh, [S(1)] * mesh.ndim))
+        # numpy: loss = sum(softmax(max(softmax(P*X)[1:], axis=0)) * W)
+        e = np.exp(P * X - (P * X).max(1, keepdims=True))
+        s1 = e / e.sum(1, keepdims=True)
+        m = s1[1:].max(0, keepdims=True)
+        e2 = np.exp(m - m.max())
+        s2 = e2 / e2.sum()
+        gm = s2 * (W - (W * s2).sum())                 # softmax backward
+        hit = s1[1:] == m                               # max backward (no ties here)
+        gs1 = np.zeros_like(P)
+        gs1[1:] = hit * gm / hit.sum(0, keepdims=True)
+        want += (s1 * (gs1 - (gs1 * s1).sum(1, keepdims=True))) * X
+        np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-10, atol=1e-12,
+                                   err_msg=f"call {k}")
+    assert f.captures == 2  # no .grad at the first call, one after: then replays
