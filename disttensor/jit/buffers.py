@@ -176,7 +176,8 @@ def plan_buffers(prog: "Program", escaping: set[int], scope: str = "kernels") ->
                 continue
             merged[r_out] = g
             span[g][1] = span.pop(r_out)[1]
-            out_name = next(prog.values[v].name for v in op.outs if prog.values[v].reg == r_out)
+            out_name = next(prog.values[v].name for v in op.outs + op.scratch
+                            if prog.values[v].reg == r_out)
             reused.append((op.name, prog.values[op.ins[i]].name, out_name))
             break
 

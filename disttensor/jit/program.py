@@ -436,6 +436,7 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
     out_slot = {spec.slot: k for k, spec in enumerate(specs) if spec.is_input is None}
     scratch: list[int] = []
     scratch_of: dict[int, int] = {}  # plan slot -> the value of that temporary
+    stored = {w for instr in plan.instrs if instr.kind == "store" for w in instr.writes}
     steps = []
     for instr in plan.instrs:
         out_regs = []
@@ -444,8 +445,9 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
             outs = tuple(spec.slot for spec in specs)  # a dense split's outputs
         if instr.kind == "kernel" and len(outs) == len(specs):
             for s, spec in zip(outs, specs):  # what a kernel returns for an input it mutates
-                if spec.is_input is not None and s not in slot_reg:  # is that input's array
-                    slot_reg[s] = slot_reg[spec.is_input]
+                if spec.is_input is not None and s not in slot_reg \
+                        and spec.is_input not in stored:  # is that input's array (unless the
+                    slot_reg[s] = slot_reg[spec.is_input]  # plan stores it there afterwards)
         for s in outs:
             if s not in slot_reg:
                 slot_reg[s] = b.new_reg()

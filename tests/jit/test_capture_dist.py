@@ -148,3 +148,28 @@ def test_a_view_of_a_reshard_result_saved_for_backward_keeps_its_block(comm):
         np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-10, atol=1e-12,
                                    err_msg=f"call {k}")
     assert f.captures == 2  # no .grad at the first call, one after: then replays
+
+
+def test_inplace_update_computed_in_another_layout_reaches_the_target(comm):
+    """An inplace op whose rule computes in another layout than the target's, then stores the
+    result back (its kernel returns a temporary, not the target's array): replays update the
+    target itself (an external state here), on ranks holding empty pieces of that layout too."""
+    mesh = dt.ProcessMesh([[0, 1], [2, 3]]) if WORLD == 4 else dt.ProcessMesh(list(range(WORLD)))
+    S, R = dt.Shard, dt.Replicate
+    rng = np.random.default_rng(21)
+    S0, O = rng.standard_normal((1, 6)), rng.standard_normal((1, 6))
+    state = dt.shard_tensor(S0, mesh, [R()] * (mesh.ndim - 1) + [S(1)])
+    other = dt.shard_tensor(O, mesh, [S(0)] * mesh.ndim)  # one row: most ranks hold none
+
+    def step(x):
+        state.multiply_(other)
+        return (state * x).sum()
+    f = dt.jit.to_static(step)
+    want = S0.copy()
+    for k in range(4):
+        X = np.full((1, 6), 1.0 + k)
+        loss = f(dt.shard_tensor(X, mesh, [R()] * mesh.ndim))
+        want = want * O
+        np.testing.assert_allclose(state.numpy(), want, rtol=1e-12, err_msg=f"call {k}")
+        np.testing.assert_allclose(float(loss.numpy()), (want * X).sum(), rtol=1e-12)
+    assert f.captures == 1
