@@ -5,6 +5,7 @@ Parity is bitwise: replay runs the very kernels and collectives eager mode runs,
 order, on the same buffers (no reduction changes its order)."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -173,3 +174,32 @@ def test_inplace_update_computed_in_another_layout_reaches_the_target(comm):
         np.testing.assert_allclose(state.numpy(), want, rtol=1e-12, err_msg=f"call {k}")
         np.testing.assert_allclose(float(loss.numpy()), (want * X).sum(), rtol=1e-12)
     assert f.captures == 1
+
+
+def test_a_rank_swapping_with_itself_gets_a_new_array(comm):
+    """A pairwise exchange inside an op's plan ([R,S(0)] -> [S(0),S(0)] on 2x2): the ranks on
+    the diagonal keep their piece. Their step must still return a new array: the captured
+    program frees the input's block after the step, and a later block there overwrote the
+    saved value max's backward compares with (wrong gradients on replay)."""
+    mesh = dt.ProcessMesh([[0, 1], [2, 3]]) if WORLD == 4 else dt.ProcessMesh(list(range(WORLD)))
+    S, R = dt.Shard, dt.Replicate
+    P = np.random.default_rng(5).standard_normal(7)
+    W = np.array([0.7, -1.3])
+    p = dt.shard_tensor(P, mesh, [R()] * (mesh.ndim - 1) + [S(0)], stop_gradient=False)
+    w = dt.shard_tensor(W, mesh, [R()] * mesh.ndim)
+
+    def step(x):
+        h = dt.max(p * x, axis=0, keepdim=True)
+        loss = dt.sum(dt.concat([h, dt.gelu(h)], axis=0) * w)
+        loss.backward()
+        return loss
+    f = dt.jit.to_static(step)
+    want = np.zeros(7)
+    for k in range(4):
+        X = np.full(7, 1.0 + 0.5 * k)
+        f(dt.shard_tensor(X, mesh, [S(0)] * mesh.ndim))
+        m = (P * X).max()
+        dgelu = 0.5 * (1 + math.erf(m / math.sqrt(2))) + m * math.exp(-m * m / 2) / math.sqrt(
+            2 * math.pi)
+        want += (P * X == m) * (W[0] + W[1] * dgelu) * X
+        np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-12, err_msg=f"call {k}")
