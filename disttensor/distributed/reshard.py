@@ -100,9 +100,10 @@ def _swap(step: Step, shape, mesh: ProcessMesh, coord, dtype: np.dtype) -> Calla
     a, b = step.mesh_dim, step.split_dim
     other = list(coord)
     other[a], other[b] = coord[b], coord[a]
-    if other == list(coord):  # already holds its target piece: a copy, as every collective
-        return lambda arr: arr.copy()  # step returns a new array (a captured program's buffer
-        # plan relies on it: the input's block may be reused while the result lives)
+    if other == list(coord):
+        # already holds its target piece; still a new array, as every collective step returns
+        # one (a captured program's buffer plan reuses the input's block after the step)
+        return lambda arr: arr.copy()
     peer, me = mesh.rank_at(other), get_rank()
     out_shape = tuple(s.stop - s.start for s in local_slices(shape, step.after, coord))
     pair = collectives.new_group(sorted((me, peer)))
