@@ -53,6 +53,7 @@ class Instr:
     # fn concatenates its inputs, flattened, into its one (1-D) output: the element offset of
     # each input there (a memory plan may place the inputs at those parts of the output)
     packs: tuple[int, ...] | None = None
+    grows: bool = False  # a reshard step whose result piece may be larger (PreparedStep.grows)
 
     @property
     def communicates(self) -> bool:

@@ -142,7 +142,8 @@ def reshard_instrs(plan, dtype, src: int, next_slot: int) -> tuple[list[Instr], 
     cur = src
     for step in prepare(plan, np.dtype(dtype)):
         instrs.append(Instr(step.kind, step.fn, (cur,), (next_slot,), label=step.label,
-                            nbytes=step.nbytes, accepts_out=step.accepts_out))
+                            nbytes=step.nbytes, accepts_out=step.accepts_out,
+                            grows=step.grows))
         cur, next_slot = next_slot, next_slot + 1
     return instrs, cur, next_slot
 

@@ -134,20 +134,23 @@ _RECEIVES_INTO = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_t
 
 class PreparedStep:
     """One step of a reshard plan prepared for this rank: ``fn(piece) -> piece``;
-    ``accepts_out``: ``fn(piece, out=buffer)`` receives into a given buffer."""
+    ``accepts_out``: ``fn(piece, out=buffer)`` receives into a given buffer; ``grows``: the
+    result piece may be larger than the input piece (an all-gather, a move across meshes),
+    known from the plan alike on every rank."""
 
-    __slots__ = ("kind", "fn", "label", "nbytes", "accepts_out")
+    __slots__ = ("kind", "fn", "label", "nbytes", "accepts_out", "grows")
 
     def __init__(self, kind: str, fn: Callable, label: str, nbytes: int,
-                 accepts_out: bool = False):
+                 accepts_out: bool = False, grows: bool = False):
         self.kind, self.fn, self.label, self.nbytes = kind, fn, label, nbytes
-        self.accepts_out = accepts_out
+        self.accepts_out, self.grows = accepts_out, grows
 
 
 def _prepared(step: Step, shape, mesh: ProcessMesh, coord, dtype) -> PreparedStep:
     kind = "collective" if step.is_collective else "local"
     return PreparedStep(kind, _prepare_step(step, shape, mesh, coord, dtype), step.describe(),
-                        step.bytes_per_rank, step.kind in _RECEIVES_INTO)
+                        step.bytes_per_rank, step.kind in _RECEIVES_INTO,
+                        step.kind == "all_gather")
 
 
 @lru_cache(maxsize=4096)
@@ -173,7 +176,8 @@ def prepare(plan: ReshardPlan, dtype: np.dtype) -> tuple[PreparedStep, ...]:
         if dst_coord is None:
             return empty_piece(shape, dtype, arr)
         return recv
-    out.append(PreparedStep("collective", move, p2p.describe(), p2p.bytes_per_rank))
+    out.append(PreparedStep("collective", move, p2p.describe(), p2p.bytes_per_rank,
+                            grows=True))
     if dst_coord is not None:
         out += [_prepared(s, shape, dst_mesh, dst_coord, dtype) for s in plan.steps[k + 1:]]
     return tuple(out)

@@ -88,6 +88,7 @@ class Step:
     takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
     packs: tuple[int, ...] | None = None  # element offsets of ``ins`` in ``outs[0]`` (Instr.packs)
     xp: Any = np  # the array module it runs with (a creation op's place may not be the program's)
+    grows: bool = False  # a reshard step whose result piece may be larger (Instr.grows)
 
 
 @dataclass(slots=True, eq=False)
@@ -468,7 +469,7 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
                                                 if k not in absent),
                           tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
                           takes_out and len(out_regs) == 1, None if absent else instr.packs,
-                          rec.xp))
+                          rec.xp, instr.grows))
     outs, inplace, views = [], [], []
     for spec, t in zip(specs, rec.outputs):
         if spec.is_input is not None:

@@ -198,7 +198,9 @@ def _share_reshards(prog: "Program") -> None:
     """A backward op that reshards a forward value by the same prepared collective step as a
     forward op did (a layer_norm's all-reduce of its Partial input, again for its gradient)
     reads the forward's result instead, when every backward read of that value is such a step
-    and the result is no larger: the same collective on the same bytes gives the same bytes,
+    and it does not gather (``Step.grows``: decided from the plan, so alike on every rank, which
+    then issue the same collectives; local sizes differ between ranks under uneven sharding):
+    the same collective on the same bytes gives the same bytes,
     the backward keeps the result in place of the value and does not communicate again, and
     the forward op's kernel can then be recomputed from it."""
     ops = prog.ops
@@ -219,7 +221,7 @@ def _share_reshards(prog: "Program") -> None:
                 readers.setdefault(v, set()).add(k)
         for s, v, _ in _reshard_steps(prog, op):
             u = made.get((s.fn, v))
-            if u is not None and prog.values[u].nbytes <= prog.values[v].nbytes and \
+            if u is not None and not s.grows and \
                     per_reg[prog.values[v].reg] == 1 and \
                     sum(prog.values[v].reg in t.ins for t in op.steps) == 1 and \
                     all(v not in pair for pair in op.inplace + op.views):

@@ -5,6 +5,7 @@ Oracles: a two-layer step's values and SGD updates written with numpy alone (the
 its derivative by hand); train.py's models against their eager runs, bitwise."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -214,3 +215,40 @@ def test_a_layer_norm_of_a_partial_input_all_reduces_once_and_is_recomputed(comm
         assert n_collectives(remat) == n_collectives(plain) - 1
     else:  # a Partial over one rank needs no collective: the kernel reads the value itself
         assert grad.ins[0] == ln.ins[0] and not ln.scratch
+
+
+@pytest.mark.mpi
+def test_reshards_shared_with_the_backward_alike_on_every_rank(comm):
+    """Which backward reshards read the forward's result is decided from the plan, not from
+    local sizes: [3, 5, 4] laid out unevenly on 2x2, an all-to-all's result is larger than its
+    input on some ranks and smaller on others, and deciding by size made the ranks issue
+    different collectives (h.multiply_(e) reshards e; e's layout again for h's gradient).
+    Values and gradients against numpy over replays."""
+    if WORLD != 4:
+        pytest.skip("the uneven 2x2 layout needs 4 ranks")
+    mesh = dt.ProcessMesh([[0, 1], [2, 3]])
+    S, R = dt.Shard, dt.Replicate
+    rng = np.random.default_rng(404)
+    A, E, W = (rng.standard_normal((3, 5, 4)) for _ in range(3))
+    p = dt.shard_tensor(A, mesh, [S(2), R()], stop_gradient=False)
+    e = dt.shard_tensor(E, mesh, [S(1), S(2)], stop_gradient=False)
+    w = dt.shard_tensor(W, mesh, [R(), R()])
+
+    def step(x):
+        h = p * x
+        h.multiply_(e)
+        loss = dt.sum(F.relu(h) * w)
+        loss.backward()
+        return loss
+    f = dt.jit.to_static(step, recompute=True)
+    gp, ge = np.zeros_like(A), np.zeros_like(E)
+    for k in range(3):
+        X = np.full((3, 5, 4), 1.0 + 0.5 * k)
+        loss = f(dt.shard_tensor(X, mesh, [R(), S(2)]))
+        h = A * X * E
+        np.testing.assert_allclose(float(loss.numpy()), (np.maximum(h, 0) * W).sum(),
+                                   rtol=1e-12)
+        gh = W * (h > 0)
+        gp, ge = gp + gh * E * X, ge + gh * A * X
+        np.testing.assert_allclose(p.grad.numpy(), gp, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(e.grad.numpy(), ge, rtol=1e-12, atol=1e-12)
