@@ -198,11 +198,11 @@ def _share_reshards(prog: "Program") -> None:
     """A backward op that reshards a forward value by the same prepared collective step as a
     forward op did (a layer_norm's all-reduce of its Partial input, again for its gradient)
     reads the forward's result instead, when every backward read of that value is such a step
-    and it does not gather (``Step.grows``: decided from the plan, so alike on every rank, which
-    then issue the same collectives; local sizes differ between ranks under uneven sharding):
-    the same collective on the same bytes gives the same bytes,
-    the backward keeps the result in place of the value and does not communicate again, and
-    the forward op's kernel can then be recomputed from it."""
+    and the step does not gather (``Step.grows``, known from the plan, so every rank decides
+    alike and issues the same collectives; local sizes differ between ranks under uneven
+    sharding). The same collective on the same bytes gives the same bytes: the backward keeps
+    the result in place of the value and does not communicate again, and the forward op's
+    kernel can then be recomputed from it."""
     ops = prog.ops
     per_reg = Counter(v.reg for v in prog.values)
     made: dict[tuple, int] = {}              # (step fn, input value) -> forward scratch value

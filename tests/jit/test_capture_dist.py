@@ -25,6 +25,11 @@ MESHES = {1: ["1,1"], 2: ["2,1", "1,2"], 3: ["3,1"], 4: ["4,1", "2,2"]}[WORLD]
 STEPS = 5
 
 
+def _square_or_line():
+    """2x2 at 4 ranks (uneven layouts over two mesh dims), else a 1-d mesh of every rank."""
+    return dt.ProcessMesh([[0, 1], [2, 3]]) if WORLD == 4 else dt.ProcessMesh(list(range(WORLD)))
+
+
 def _run(model_name: str, mesh_spec: str, captured: bool):
     mesh = train.default_mesh(WORLD, mesh_spec)
     model, opt, batches = train.build(model_name, 11, mesh)
@@ -115,7 +120,7 @@ def test_a_view_of_a_reshard_result_saved_for_backward_keeps_its_block(comm):
     """slice after a reshard returns a view of the reshard's temporary; max saves that view for
     its backward. The temporary's arena block must live as long as the view (it was freed at
     the slice, and a later block overwrote the saved values: NaN gradients on replay)."""
-    mesh = dt.ProcessMesh([[0, 1], [2, 3]]) if WORLD == 4 else dt.ProcessMesh(list(range(WORLD)))
+    mesh = _square_or_line()
     S, R = dt.Shard, dt.Replicate
     rest = [R()] * (mesh.ndim - 1)
     rng = np.random.default_rng(6)
@@ -155,7 +160,7 @@ def test_inplace_update_computed_in_another_layout_reaches_the_target(comm):
     """An inplace op whose rule computes in another layout than the target's, then stores the
     result back (its kernel returns a temporary, not the target's array): replays update the
     target itself (an external state here), on ranks holding empty pieces of that layout too."""
-    mesh = dt.ProcessMesh([[0, 1], [2, 3]]) if WORLD == 4 else dt.ProcessMesh(list(range(WORLD)))
+    mesh = _square_or_line()
     S, R = dt.Shard, dt.Replicate
     rng = np.random.default_rng(21)
     S0, O = rng.standard_normal((1, 6)), rng.standard_normal((1, 6))
@@ -181,7 +186,7 @@ def test_a_rank_swapping_with_itself_gets_a_new_array(comm):
     the diagonal keep their piece. Their step must still return a new array: the captured
     program frees the input's block after the step, and a later block there overwrote the
     saved value max's backward compares with (wrong gradients on replay)."""
-    mesh = dt.ProcessMesh([[0, 1], [2, 3]]) if WORLD == 4 else dt.ProcessMesh(list(range(WORLD)))
+    mesh = _square_or_line()
     S, R = dt.Shard, dt.Replicate
     P = np.random.default_rng(5).standard_normal(7)
     W = np.array([0.7, -1.3])
