@@ -15,11 +15,12 @@ both alike); a sample is the slowest rank's barrier-aligned time of ``inner`` ca
 the median sample. ``ratio_raw_over_ours`` is bare time / our time: 1.0 = no overhead, 0.5 =
 twice the bare time. Prints one JSON object on rank 0.
 
-S(0)->S(1) from 1 MB: only the send side is strided; each sender writes its strided rows
-straight into the receivers' results by cross-memory attach (process_vm_writev, one copy as
-the bare Alltoall's; packing into a kept buffer and one Alltoallv where that is unavailable).
-Send-side MPI vector datatypes ran 3-8x slower than the bare Alltoall with MPICH ch4:ucx, see
-docs/ARCHITECTURE.md "Fast paths" for what was measured.
+S(0)->S(1) from 1 MB: only the send side is strided; each receiver's result lives in memory
+every rank of the node maps (pooled memfd segments) and each sender copies its strided rows
+straight there with streaming stores (one copy, as the bare Alltoall's; packing into a kept
+buffer and one Alltoallv where that is unavailable). Send-side MPI vector datatypes ran 3-8x
+slower than the bare Alltoall with MPICH ch4:ucx, see docs/ARCHITECTURE.md "Fast paths" for
+what was measured.
 """
 from __future__ import annotations
 

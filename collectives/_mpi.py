@@ -104,12 +104,15 @@ def _pack_buffer(count: int, dtype: np.dtype) -> np.ndarray:
 
 
 #: all_to_all whose pieces are strided in the sender and land contiguously (``concat_axis`` 0,
-#: ``split_axis`` > 0: S(0) -> S(1)) writes them straight into the receivers' result by
-#: cross-memory attach (``_cma``) from this many bytes per rank on (the group's total over its
-#: size) when every strided run is at least CMA_MIN_RUN bytes; below, or off one node, the
-#: packing path (benchmarks/reshard.py, docs/ARCHITECTURE.md "Fast paths")
-CMA_MIN_BYTES = 1 << 20
-CMA_MIN_RUN = 1 << 10
+#: ``split_axis`` > 0: S(0) -> S(1)) has each sender copy its strided rows straight into the
+#: receivers' results, which live in memory every rank of the node maps (``_shared``), from
+#: this many bytes per rank on (the group's total over its size) when every strided run is at
+#: least SHARED_MIN_RUN bytes; below, or off one node, the packing path (benchmarks/reshard.py
+#: at 4 ranks: the handshake costs about 200 us, so at 256 KB per rank 0.30 of the bare
+#: Alltoall against the pack's 0.38, at 1 MB 0.58 against 0.45; docs/ARCHITECTURE.md
+#: "Fast paths")
+SHARED_MIN_BYTES = 1 << 20
+SHARED_MIN_RUN = 256
 _ADDR_TAG, _DONE_TAG = 8, 9
 
 
@@ -292,7 +295,7 @@ class MPIGroup(ProcessGroup):
                   self._meta_comm):
             c.Set_errhandler(MPI.ERRORS_RETURN)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
-        self._cross = None  # CrossMemory, False where unavailable, None until first needed
+        self._shared = None  # SharedResults, False where unavailable, None until first needed
 
     # ---------------------------------------------------------------------------------- util
     def _allgather_obj(self, obj):
@@ -414,7 +417,7 @@ class MPIGroup(ProcessGroup):
         n = self.size
         if (rsizes is None or s == c or (s == 0 and c != 0) or len(set(ssizes)) > 1
                 or len(set(rsizes)) > 1 or prod(shape) * dtype.itemsize >= SCRATCH_MIN_BYTES
-                or self._cma_sized(shape, dtype.itemsize, s, c, ssizes, rsizes)):
+                or self._shared_sized(shape, dtype.itemsize, s, c, ssizes, rsizes)):
             return None
         L = _a2a_layout(n, self.rank, shape, s, c, tuple(ssizes), tuple(rsizes))
         split = shape[:s] + (n, ssizes[0]) + shape[s + 1:]
@@ -684,62 +687,68 @@ class MPIGroup(ProcessGroup):
             return res
         return _back(recvbuf, c, out)
 
-    def _cma_sized(self, shape, itemsize, s, c, ssizes, rsizes) -> bool:
+    def _shared_sized(self, shape, itemsize, s, c, ssizes, rsizes) -> bool:
         """Whether an all_to_all is of the kind and size ``_all_to_all_written`` takes (from
         sizes every rank shares, so alike on every rank)."""
         if c != 0 or s == 0 or self.size == 1:
             return False
         inner = prod(shape[s + 1:]) * itemsize
         run = min((k * inner for k in ssizes if k), default=0)
-        return run >= CMA_MIN_RUN and sum(rsizes) * prod(shape[1:]) * itemsize >= \
-            CMA_MIN_BYTES * self.size
+        return run >= SHARED_MIN_RUN and sum(rsizes) * prod(shape[1:]) * itemsize >= \
+            SHARED_MIN_BYTES * self.size
 
     def _writes_across(self, x, s, c, ssizes, rsizes) -> bool:
-        """Whether this all_to_all takes ``_all_to_all_written``: ``_cma_sized`` and
-        cross-memory attach works in the group (probed the first time: a collective, reached
-        by every rank at the same call since ``_cma_sized`` is alike on every rank)."""
-        if not self._cma_sized(x.shape, x.dtype.itemsize, s, c, ssizes, rsizes):
+        """Whether this all_to_all takes ``_all_to_all_written``: ``_shared_sized`` and
+        shared results work in the group (probed the first time: a collective, reached by
+        every rank at the same call since ``_shared_sized`` is alike on every rank)."""
+        if not self._shared_sized(x.shape, x.dtype.itemsize, s, c, ssizes, rsizes):
             return False
-        if self._cross is None:
-            from ._cma import CrossMemory
+        if self._shared is None:
+            from ._shared import SharedResults
 
-            self._cross = CrossMemory.probe(self._a2a_comm) or False
-        return bool(self._cross)
+            self._shared = SharedResults.probe(self._a2a_comm) or False
+        return bool(self._shared)
 
     def _all_to_all_written(self, x, L, s, ssizes, out):
-        """all_to_all with ``concat_axis`` 0 and ``split_axis`` s > 0 (C-contiguous x): each
-        rank tells each sender where its piece goes in the result and the sender writes its
-        strided rows there by cross-memory attach (one copy, no pack)."""
-        me, item = self.rank, x.dtype.itemsize
-        res = out if out is not None else np.empty(L.result_shape, x.dtype)
-        outer, inner = prod(x.shape[:s]), prod(x.shape[s + 1:])
-        soff, row = C.offsets(ssizes), x.shape[s] * inner * item
-        runs = np.empty((outer, 2), np.uint64)
-        starts = np.arange(outer, dtype=np.uint64) * np.uint64(row) + np.uint64(x.ctypes.data)
-        own = res.reshape(-1)[L.rdispls[me]:L.rdispls[me] + L.rcounts[me]].reshape(
-            L.front_shapes[me])
+        """all_to_all with ``concat_axis`` 0 and ``split_axis`` s > 0 (C-contiguous x): the
+        result lives in a shared segment; each rank tells each sender where its piece goes
+        there and the sender copies its strided rows in (one copy, no pack). With ``out`` the
+        result is copied there (the segment is reused at once)."""
+        from ._shared import copy_rows
 
-        def write(j, addr):
-            if ssizes[j] and outer:
-                np.add(starts, np.uint64(soff[j] * inner * item), out=runs[:, 0])
-                runs[:, 1] = ssizes[j] * inner * item
-                self._cross.write(j, runs, addr)
-        self._cross_exchange(self._a2a_comm, [res.ctypes.data + d * item for d in L.rdispls],
-                             write, lambda: np.copyto(own, x[L.send_slices[me]]))
-        return res
+        me, item = self.rank, x.dtype.itemsize
+        res, token = self._shared.result(L.result_shape, x.dtype)
+        outer, inner = prod(x.shape[:s]), prod(x.shape[s + 1:]) * item
+        soff, row, src = C.offsets(ssizes), x.shape[s] * inner, x.reshape(-1).view(np.uint8)
+
+        def write(j, where):
+            if not (outer and ssizes[j] and inner):
+                return
+            dst = self._shared.peer(j, tuple(int(v) for v in where[:3]))
+            copy_rows(dst, int(where[3]), src, soff[j] * inner, outer, ssizes[j] * inner, row)
+
+        own = res.reshape(-1).view(np.uint8)
+        self._cross_exchange(self._a2a_comm, [token + (d * item,) for d in L.rdispls], write,
+                             lambda: copy_rows(own, L.rdispls[me] * item, src, soff[me] * inner,
+                                               outer, ssizes[me] * inner, row))
+        if out is None:
+            return res
+        np.copyto(out, res)
+        return out
 
     def _cross_exchange(self, comm, mine: list, move, local) -> None:
-        """The handshake of a cross-memory collective: this rank sends ``mine[j]`` (an
-        address) to each peer j; as peer j's address arrives, ``move(j, address)`` and then
-        tells j it is done; ``local()`` runs while no address has arrived (else the rank
-        yields); returns when every peer has said it is done with this rank's memory."""
+        """The handshake of a collective that writes into its peers' memory: this rank sends
+        ``mine[j]`` (a tuple of 4 integers saying where) to each peer j; as peer j's arrives,
+        ``move(j, where)`` and then tells j it is done; ``local()`` runs while none has
+        arrived (else the rank yields); returns when every peer has said it is done with this
+        rank's memory."""
         size, me = self.size, self.rank
         peers = [(me + k) % size for k in range(1, size)]
-        where = np.empty(size, np.uint64)
-        addrs = np.array(mine, np.uint64)
-        got = [comm.Irecv([where[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
+        where = np.empty((size, 4), np.uint64)
+        tokens = np.array(mine, np.uint64)
+        got = [comm.Irecv([where[j], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
         done = [comm.Irecv([where[:0], MPI.BYTE], j, _DONE_TAG) for j in peers]
-        sent = [comm.Isend([addrs[j:j + 1], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
+        sent = [comm.Isend([tokens[j], MPI.UINT64_T], j, _ADDR_TAG) for j in peers]
         pending, local_left = list(peers), True
         while pending:
             i = MPI.Request.Testany([got[peers.index(p)] for p in pending])[0]
@@ -751,7 +760,7 @@ class MPIGroup(ProcessGroup):
                     os.sched_yield()
                 continue
             j = pending.pop(i)
-            move(j, int(where[j]))
+            move(j, where[j])
             sent.append(comm.Isend([where[:0], MPI.BYTE], j, _DONE_TAG))
         if local_left:
             local()

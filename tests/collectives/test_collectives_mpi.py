@@ -503,15 +503,15 @@ def test_all_to_all_packs_into_the_kept_buffer(g, monkeypatch):
 
 
 @pytest.fixture
-def cross_memory(g, monkeypatch):
-    """all_to_all with concat_axis 0 written across processes (``_cma``) at any size; the
-    calls that took that path are recorded."""
+def shared(g, monkeypatch):
+    """all_to_all with concat_axis 0 written into shared results (``_shared``) at any size;
+    the calls that took that path are recorded."""
     if not collectives.is_mpi():
         pytest.skip("MPI backend only")
     from collectives import _mpi
 
-    monkeypatch.setattr(_mpi, "CMA_MIN_BYTES", 0)
-    monkeypatch.setattr(_mpi, "CMA_MIN_RUN", 0)
+    monkeypatch.setattr(_mpi, "SHARED_MIN_BYTES", 0)
+    monkeypatch.setattr(_mpi, "SHARED_MIN_RUN", 0)
     taken = []
     written = type(g)._all_to_all_written
 
@@ -522,18 +522,29 @@ def cross_memory(g, monkeypatch):
     return taken
 
 
+def _s0_to_s1(k, me, rows_of, shape, s, salt=0):
+    """(every rank's input, this rank's expected S(0) -> S(1) piece)."""
+    xs = [data(r, (rows_of(r),) + shape[1:], np.float64, salt=s + salt) for r in range(k)]
+    return xs, np.concatenate([np.array_split(x, k, axis=s)[me] for x in xs], 0)
+
+
 @pytest.mark.parametrize("rows_of,shape,s", [
     (lambda r: 3 + r, (0, 4 * 4 + 1), 1),  # uneven rows and columns
     (lambda r: r % 2, (0, 7, 2), 2),       # empty pieces, 3-d split along the last axis
     (lambda r: 2, (0, 5, 3), 1),
     (lambda r: 4, (0, 2), 1),              # fewer columns than ranks on 4 ranks
 ])
-def test_all_to_all_written_across(g, cross_memory, rows_of, shape, s):
+@pytest.mark.parametrize("kernel", ["streaming", "numpy"])
+def test_all_to_all_written_across(g, shared, monkeypatch, rows_of, shape, s, kernel):
     """S(0) -> S(1)'s all_to_all (concat_axis 0, split_axis > 0) written straight into the
-    receivers' results equals the oracle, with a fresh result, into ``out`` and prepared."""
+    receivers' results equals the oracle, with a fresh result, into ``out`` and prepared, by
+    the streaming copy and by numpy's."""
+    from collectives import _shared
+
+    if kernel == "numpy":
+        monkeypatch.setattr(_shared, "_kernel", [_shared._numpy_rows])
     k, me = g.size, g.rank
-    xs = [data(r, (rows_of(r),) + shape[1:], np.float64, salt=s) for r in range(k)]
-    expect = np.concatenate([np.array_split(x, k, axis=s)[me] for x in xs], 0)
+    xs, expect = _s0_to_s1(k, me, rows_of, shape, s)
     recv = [x.shape[0] for x in xs]
     np.testing.assert_array_equal(g.all_to_all(xs[me], s, 0), expect)
     out = np.full(expect.shape, 7.0)
@@ -543,20 +554,61 @@ def test_all_to_all_written_across(g, cross_memory, rows_of, shape, s):
                    recv_sizes=recv)
     np.testing.assert_array_equal(fn(xs[me]), expect)
     np.testing.assert_array_equal(xs[me], data(me, xs[me].shape, np.float64, salt=s))
-    assert len(cross_memory) == (3 if k > 1 and g._cross else 0)
+    assert len(shared) == (3 if k > 1 and g._shared else 0)
 
 
-def test_all_to_all_without_cross_memory(g, cross_memory, monkeypatch):
-    """Where the probe fails (no process_vm_writev here) every rank agrees to pack instead."""
-    from collectives import _cma
+def test_shared_results_are_pooled(g, shared):
+    """A result's segment is reused once the result and its views are gone, never while one
+    lives; results held across later calls keep their values."""
+    k, me = g.size, g.rank
+    xs, expect = _s0_to_s1(k, me, lambda r: 2 + r, (0, 3 * k), 1)
+    first = g.all_to_all(xs[me], 1, 0)
+    if not g._shared:
+        pytest.skip("shared results need 2 or more ranks on one node")
 
-    monkeypatch.setattr(_cma, "_writev", lambda: None)
-    monkeypatch.setattr(g, "_cross", None)
+    def where(a):
+        return a.__array_interface__["data"][0]
+    held = [g.all_to_all(xs[me] * (i + 2), 1, 0) for i in range(3)]
+    assert where(first) not in {where(h) for h in held}
+    view, addr = first[1:], where(first)
+    del first
+    again = g.all_to_all(xs[me], 1, 0)
+    assert where(again) != addr and where(again) not in {where(h) for h in held}
+    np.testing.assert_array_equal(view, expect[1:])
+    for i, h in enumerate(held):
+        np.testing.assert_array_equal(h, expect * (i + 2))
+    del view
+    assert where(g.all_to_all(xs[me], 1, 0)) == addr
+
+
+def test_shared_results_past_the_pool_limit(g, shared, monkeypatch):
+    """With no room in the pool every segment is closed when its result dies and peers map
+    each new one (a reused descriptor is told apart by its serial number): values still
+    equal the oracle, over shapes that change call to call."""
+    from collectives import _shared
+
+    monkeypatch.setattr(_shared, "POOL_BYTES", 0)
+    k, me = g.size, g.rank
+    for i in range(6):
+        xs, expect = _s0_to_s1(k, me, lambda r: 1 + (r + i) % 3, (0, 2 * k + i, 2), 1 + i % 2,
+                               salt=i)
+        np.testing.assert_array_equal(g.all_to_all(xs[me], 1 + i % 2, 0), expect)
+    if g._shared:
+        assert not g._shared._free and g._shared._owned == 0
+        assert len(g._shared._mapped) <= 1
+
+
+def test_all_to_all_without_shared_results(g, shared, monkeypatch):
+    """Where the probe fails (no memfd_create here) every rank agrees to pack instead."""
+    import os
+
+    monkeypatch.delattr(os, "memfd_create")
+    monkeypatch.setattr(g, "_shared", None)
     k, me = g.size, g.rank
     xs = [data(r, (3, 2 * k), np.float32) for r in range(k)]
     expect = np.concatenate([np.array_split(x, k, axis=1)[me] for x in xs], 0)
     np.testing.assert_array_equal(g.all_to_all(xs[me], 1, 0), expect)
-    assert cross_memory == [] and g._cross is (False if k > 1 else None)
+    assert shared == [] and g._shared is (False if k > 1 else None)
 
 
 def test_prepare_checks_arguments_once(g):
