@@ -354,7 +354,7 @@ def _from_local(t: Tensor, mesh: ProcessMesh, attr: DistAttr, shape) -> Tensor:
 def dtensor_from_local(local: Any, mesh: ProcessMesh, placements: Sequence[Placement],
                        shape: Sequence[int] | None = None) -> Tensor:
     """A distributed tensor whose piece on this rank is ``local`` (uneven pieces allowed); it
-    shares ``local``'s buffer.
+    shares a dense Tensor's buffer, and holds a copy of an array (as ``to_tensor`` makes).
 
     One small all-gather of (local shape, dtype) over the mesh checks that the pieces form the
     global shape (given, or found from the pieces) and raises the same error on every rank."""

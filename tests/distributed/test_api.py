@@ -268,6 +268,20 @@ def test_bad_placements_and_meshes_raise_everywhere():
 
 
 @pytest.mark.mpi
+def test_dtensor_from_local_shares_a_tensor_and_copies_an_array():
+    """A dense Tensor's buffer becomes the piece (an inplace op on it shows in the piece); an
+    array is copied (writing the array later leaves the piece alone)."""
+    mesh = ProcessMesh(list(range(world().size)))
+    arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+    dense = dt.to_tensor(arr)
+    shared = dt.dtensor_from_local(dense, mesh, [Shard(0)])
+    copied = dt.dtensor_from_local(arr, mesh, [Shard(0)])
+    dense.add_(dt.to_tensor(np.ones((2, 3), np.float32)))
+    arr[...] = -1
+    np.testing.assert_array_equal(shared._local_array(), np.arange(6).reshape(2, 3) + 1)
+    np.testing.assert_array_equal(copied._local_array(), np.arange(6).reshape(2, 3))
+
+
 def test_dtensor_from_local_collective_checks():
     need(2)
     mesh = ProcessMesh(list(range(world().size)))
