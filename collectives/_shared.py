@@ -14,7 +14,9 @@ its pages are faulted in once in every process that maps it. Free segments are k
 segments this process owns total at most ``POOL_BYTES``; past that a segment is closed when its
 result dies. A process keeps at most ``POOL_BYTES`` of other processes' segments mapped (least
 recently used first out); a mapping names its segment by descriptor and serial number, so a
-closed segment is never mistaken for a later one.
+closed segment is never mistaken for a later one. The pages are shared mappings: a process
+forked while such a result lives shares them with its parent instead of copying on write
+(disttensor forks nothing).
 
 Availability is decided once per communicator, collectively: every member on this node,
 ``memfd_create`` present, and one probing write between neighbours through such a mapping
@@ -125,7 +127,7 @@ class SharedResults:
         else:
             seg = self._segment(nbytes)
         block = _Block(seg, tuple(shape), np.dtype(dtype))
-        weakref.finalize(block, self._release, seg)
+        weakref.finalize(block, self._release, seg).atexit = False
         return np.asarray(block), seg.token
 
     def peer(self, rank: int, token: tuple) -> np.ndarray:
