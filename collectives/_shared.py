@@ -105,12 +105,10 @@ class SharedResults:
         comm.Barrier()  # every probing write has landed (or failed)
         ok = ok and pids[peer][1] is not None and \
             int(np.frombuffer(seg.map, np.int64, 1)[0]) == (me - 1) % n + 1
-        if pool is not None:
+        if seg is not None:  # the probe's segment and mapping are not kept
             pool._mapped.clear()
             pool._mapped_bytes = 0
-        if seg is not None:
-            pool._owned -= seg.nbytes
-            seg.close()
+            pool._close(seg)
         if not comm.allreduce(int(ok), op=MPI.MIN):
             return None
         return pool
@@ -143,7 +141,12 @@ class SharedResults:
             self._drop(key)
         while self._mapped and self._mapped_bytes + nbytes > POOL_BYTES:
             self._drop(next(iter(self._mapped)))
-        f = os.open(f"/proc/{self.pids[rank]}/fd/{fd}", os.O_RDWR)
+        path = f"/proc/{self.pids[rank]}/fd/{fd}"
+        try:
+            f = os.open(path, os.O_RDWR)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot map the result segment of group member {rank} "
+                                   f"({path}): {e.strerror}") from e
         try:
             arr = np.frombuffer(mmap.mmap(f, nbytes), np.uint8)
         finally:
