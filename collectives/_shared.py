@@ -12,11 +12,11 @@ Segments are pooled per communicator, like a caching allocator: a result's segme
 the pool when the last view of the result dies and is reused for the next result that fits, so
 its pages are faulted in once in every process that maps it. Free segments are kept while the
 segments this process owns total at most ``POOL_BYTES``; past that a segment is closed when its
-result dies. A process keeps at most ``POOL_BYTES`` of other processes' segments mapped (least
-recently used first out); a mapping names its segment by descriptor and serial number, so a
-closed segment is never mistaken for a later one. The pages are shared mappings: a process
-forked while such a result lives shares them with its parent instead of copying on write
-(disttensor forks nothing).
+result dies. A process keeps at most ``POOL_BYTES`` per peer of other processes' segments
+mapped (least recently used first out); a mapping names its segment by descriptor and serial
+number, so a closed segment is never mistaken for a later one. The pages are shared mappings:
+a process forked while such a result lives shares them with its parent instead of copying on
+write (disttensor forks nothing).
 
 Availability is decided once per communicator, collectively: every member on this node,
 ``memfd_create`` present, and one probing write between neighbours through such a mapping
@@ -34,8 +34,9 @@ from typing import Optional
 
 import numpy as np
 
-#: bytes of segments a process keeps (its own, live and free) and maps (its peers')
-POOL_BYTES = 1 << 30
+#: bytes of its own segments (live and free) past which a process closes dead results'
+#: segments; it maps at most this much of each peer's
+POOL_BYTES = 1 << 28
 
 
 class _Segment:
@@ -139,7 +140,8 @@ class SharedResults:
             return hit[1]
         if hit is not None:
             self._drop(key)
-        while self._mapped and self._mapped_bytes + nbytes > POOL_BYTES:
+        room = POOL_BYTES * max(1, len(self.pids) - 1)  # each peer's own bound
+        while self._mapped and self._mapped_bytes + nbytes > room:
             self._drop(next(iter(self._mapped)))
         path = f"/proc/{self.pids[rank]}/fd/{fd}"
         try:
