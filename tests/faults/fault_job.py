@@ -106,4 +106,5 @@ for step in range(steps):
         dt.all_reduce(t, op=dt.ReduceOp.MAX if RANK == BAD else dt.ReduceOp.SUM)
 print(f"rank {RANK} final loss {float(loss.numpy()):.6f}", flush=True)
 if FAULT == "os_exit_all":  # every rank leaves without Python's exit path, status 0
+    dt.barrier()  # together: hydra SIGKILLs the ranks still running once one leaves unfinalized
     os._exit(0)
