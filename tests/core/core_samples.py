@@ -199,3 +199,29 @@ SAMPLES: dict[str, list] = {
 OPTIONS: dict[str, dict] = {
     "cast": {"h": 1e-3, "rtol": 1e-3, "atol": 1e-3},
 }
+
+
+def _merge_families() -> None:
+    """Op families keep their samples in ``samples_<family>.py`` beside this file: each defines
+    ``SAMPLES`` (differentiable ops) and may define ``OPTIONS`` and ``FORWARD_ONLY`` (ops the
+    oracle runs without gradients); they are merged here so every test sees one registry."""
+    import importlib
+    import os
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    for fname in sorted(os.listdir(here)):
+        if fname.startswith("samples_") and fname.endswith(".py"):
+            mod = importlib.import_module(fname[:-3])
+            for target, name in ((SAMPLES, "SAMPLES"), (OPTIONS, "OPTIONS"),
+                                 (FORWARD_ONLY, "FORWARD_ONLY")):
+                for op, value in getattr(mod, name, {}).items():
+                    if op in target:
+                        raise ValueError(f"{fname}: {name}[{op!r}] is defined twice")
+                    target[op] = value
+
+
+# forward-only samples of the families (the oracle's own list is in oracle_util.py)
+FORWARD_ONLY: dict[str, list] = {}
+_merge_families()

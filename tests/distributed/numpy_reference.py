@@ -351,3 +351,23 @@ REFERENCES = {
     # optimizers (the updated parameter and states)
     "adam_update": _adam, "momentum_update": _momentum, "sgd_update": _sgd,
 }
+
+
+def _merge_families() -> None:
+    """Op families keep their references in ``references_<family>.py`` beside this file, each
+    defining ``REFERENCES`` (numpy alone); they are merged here."""
+    import importlib
+    import os
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    for fname in sorted(os.listdir(here)):
+        if fname.startswith("references_") and fname.endswith(".py"):
+            for op, fn in importlib.import_module(fname[:-3]).REFERENCES.items():
+                if op in REFERENCES:
+                    raise ValueError(f"{fname}: REFERENCES[{op!r}] is defined twice")
+                REFERENCES[op] = fn
+
+
+_merge_families()

@@ -35,7 +35,7 @@ from spmd_rules import DistAttr, local_slices
 _CORE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core")
 if _CORE not in sys.path:
     sys.path.insert(0, _CORE)
-from core_samples import SAMPLES  # noqa: E402
+from core_samples import FORWARD_ONLY as FAMILY_FORWARD_ONLY, SAMPLES  # noqa: E402
 
 # Placement combos per (sample, mesh) before sampling kicks in; ORACLE_CAP=0 means all.
 CAP = int(os.environ.get("ORACLE_CAP", "16"))
@@ -225,7 +225,7 @@ def op_cases() -> dict[str, list[tuple[list, dict]]]:
     global _CASES
     if _CASES is None:
         builders: dict[str, list] = {}
-        for src in (SAMPLES, EXTRA, FORWARD_ONLY):
+        for src in (SAMPLES, EXTRA, FORWARD_ONLY, FAMILY_FORWARD_ONLY):
             for name, bs in src.items():
                 if name in OPS:
                     builders.setdefault(name, []).extend(bs)
