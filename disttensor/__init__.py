@@ -38,7 +38,7 @@ def init_parallel_env(timeout: float | None = None) -> None:
 
 __version__ = "0.1.0"
 
-# -- the user layer (issue 14): data, checkpoints, plans, local code, PyTorch names, collectives --
+# -- the user layer: data, checkpoints, plans, local code, PyTorch names, collectives --
 from . import io  # noqa: E402
 from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
 from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402

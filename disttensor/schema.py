@@ -23,7 +23,7 @@ An :class:`OpDef` says everything the runtime needs to know about an op before r
   batch_norm's running statistics): that output is the input tensor itself, same holder, same
   version counter (bumped);
 * ``reuse`` — inputs whose buffer the kernel may write its output into when the input dies
-  there (seed 003's inplace reuse; the memory planner uses it);
+  there (inplace reuse; the memory planner uses it);
 * ``no_need_buffer`` — inputs whose backward needs only the shape (Paddle's no_need_buffer);
 * ``recompute`` — the kernel is cheap and deterministic: a captured step may run it again in the
   backward instead of keeping its output alive (rematerialization, :mod:`disttensor.jit.remat`);
