@@ -16,7 +16,8 @@ Prints JSON on rank 0:
   at the larger GPT); the arenas against the lower bound, the no-reuse total (of every
   temporary); median step times (the modes timed in turn, step by step) and
   ``time_*_vs_unplanned`` (target <= 1.0);
-* ``liveness_4000_ops_ms``: worklist liveness of a synthetic program shaped like the memory-planning example's
+* ``liveness_4000_ops_ms``: worklist liveness of a synthetic program shaped like the
+  memory-planning example's
   se-resnext (residual blocks, a backward that reads the saved activations), median (target
   <= 20 ms);
 * ``plan_8000_buffers_ms``: the arena planner on 8000 buffers of a training step's shape (half
@@ -109,7 +110,8 @@ MODES = {"eager": None, "unplanned": False, "planned": "kernels", "planned_all":
 
 
 def seed_program(n_ops: int = 4000) -> tuple[list[Block], int]:
-    """A straight-line training program like the memory-planning example's se-resnext: forward residual blocks of
+    """A straight-line training program like the memory-planning example's se-resnext:
+    forward residual blocks of
     three ops and an add, then a backward op per forward op reading the gradient, the op's
     input and its output."""
     instrs, fwd, n = [], [], 1

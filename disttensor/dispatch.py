@@ -335,7 +335,8 @@ def _apply_dist(op: OpDef, inputs: tuple, attrs: dict) -> Any:
 
 
 def check_inplace_target(op: OpDef, x: Tensor) -> None:
-    """The leaf rule (a leaf that needs grad is never written in place), checked before anything is modified."""
+    """The leaf rule (a leaf that needs grad is never written in place), checked before
+    anything is modified."""
     if _GradMode.enabled and x._node is None and not x.stop_gradient:
         raise ValueError(f"Leaf Var ({x._label()}) that doesn't stop gradient can't use inplace "
                          f"strategy. (op {op.name}_)")
