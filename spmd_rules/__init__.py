@@ -44,6 +44,7 @@ from .norm import channel_axis
 from .reduction import REDUCE_PARTIAL
 from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, reduction,  # noqa: F401  (register rules)
                replicated, softmax)
+from . import along_axis, contraction  # noqa: F401,E402  (register rules)
 
 __all__ = [
     "ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",
