@@ -178,9 +178,10 @@ def scatter(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spm
         raise ValueError(f"{op}: value of shape {list(value.shape)} must have shape "
                          f"{list(want)} (index of shape {list(index.shape)}, x of shape "
                          f"{list(x.shape)})")
-    required = keep_cheapest(TensorMeta(x.shape, x.dist_attr.without_partial()), full)
-    value_map = [() if a is None or d == axis else required.dims_mapping[a]
-                 for d, a in enumerate(src)]
-    return SpmdResult((required, DistAttr.replicated(1, mesh), DistAttr(tuple(mesh),
-                                                                         tuple(value_map))),
+    x_not = [a if ok else None for a, ok in enumerate(full)]
+    v_not = [None if a is None or d == axis or not full[a] else a for d, a in enumerate(src)]
+    merged = merge_shardings([x_not, [None], v_not], [m.dist_attr.without_partial() for m in metas],
+                             shapes=[m.shape for m in metas])
+    required = layout(x_not, merged, mesh)
+    return SpmdResult((required, layout([None], merged, mesh), layout(v_not, merged, mesh)),
                       (TensorMeta(x.shape, required),))

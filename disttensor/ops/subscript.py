@@ -54,8 +54,11 @@ def _host_mask(op: str, mask: Any) -> np.ndarray:
                              "gives a result whose shape depends on values each rank holds only "
                              "part of; replicate the mask, or use masked_fill / where, which "
                              "keep the shape")
-        return np.asarray(mask._local_array().get() if hasattr(mask._local_array(), "get")
-                          else mask._local_array())
+        local = mask._local_array()
+        if mask.is_dist() and list(local.shape) != list(mask.shape):
+            raise ValueError(f"{op}: this rank is outside the mesh of the bool mask (shape "
+                             f"{mask.shape}), whose values only its members hold")
+        return np.asarray(local.get() if hasattr(local, "get") else local)
     return np.asarray(mask)
 
 
@@ -136,9 +139,9 @@ def _as_index_tensor(idx: Any) -> Tensor:
 def getitem(x: Tensor, index: Any) -> Tensor:
     """``x[index]``: basic items give a view; one list/array/tensor index gathers (see the
     module docstring). Example: ``logits[:, [-1], :]`` keeps the last position's axis."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    if not any(_is_advanced(_scalar(it)) for it in items):
-        return basic_getitem(x, index)
+    items = [_scalar(it) for it in (index if isinstance(index, tuple) else (index,))]
+    if not any(_is_advanced(it) for it in items):
+        return basic_getitem(x, tuple(items))
     items, q, x, idx = _parse("__getitem__", x, index)
     y = basic_getitem(x, tuple(items))
     ay = _axis_in_basic(items, q, y.ndim)
@@ -163,9 +166,9 @@ def getitem(x: Tensor, index: Any) -> Tensor:
 def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
     """``x[index] = value`` inplace; one list/array/tensor index scatters (value broadcast to
     the indexed region), ``x[mask] = scalar`` with a mask of x's shape is masked_fill_."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    if not any(_is_advanced(_scalar(it)) for it in items):
-        return basic_setitem(x, index, value)
+    items = [_scalar(it) for it in (index if isinstance(index, tuple) else (index,))]
+    if not any(_is_advanced(it) for it in items):
+        return basic_setitem(x, tuple(items), value)
     if len(items) == 1 and isinstance(items[0], Tensor) and np.dtype(items[0].dtype) == np.bool_ \
             and items[0].shape == x.shape and np.ndim(value) == 0 and (
                 not isinstance(value, Tensor) or not value.is_dist()):
