@@ -8,8 +8,7 @@ from spmd_rules.contraction import parse_equation
 from ..dispatch import apply
 from ..schema import OPS, equal_dtypes, public, register
 from ..tensor import Tensor
-from .common import as_tensor
-from .creation import full
+from .common import as_tensor, constant
 from .shape import expand, reshape_to
 
 
@@ -86,7 +85,7 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
                                  f"of shape {t.shape}, equation {equation!r})")
     out = eq.split("->")[1]
     if len(ts) == 1:
-        return apply(OPS["einsum"], (ts[0], full([], 1, ts[0].dtype)),
+        return apply(OPS["einsum"], (ts[0], constant(1, ts[0].dtype, like=ts[0])),
                      {"equation": f"{ins[0]},->{out}"})
     acc, acc_lab = ts[0], ins[0]
     for j in range(1, len(ts)):  # pairwise, keeping the labels the rest still needs

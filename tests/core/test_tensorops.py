@@ -333,3 +333,26 @@ def test_astype_and_containers():
     assert all(p.grad is not None for p in m.parameters())
     with pytest.raises(IndexError, match="ParameterList: index 3 is out of range for 3"):
         m.w[3]
+
+
+TENSOR_OPS = ["sin", "cos", "erf", "square", "reciprocal", "log1p", "floor", "sign",
+              "masked_fill", "tril", "triu", "einsum", "outer", "logsumexp", "var", "std", "norm",
+              "sort", "argsort", "topk", "cumsum", "flip", "roll", "unbind", "repeat_interleave",
+              "take_along_axis", "put_along_axis", "scatter", "multinomial", "gather"]
+
+
+def test_every_tensor_op_has_a_rule_and_public_names():
+    report = dt.coverage_report()
+    grads = [n for n in dt.ops.OPS if n.endswith("_grad") and n[:-5] in TENSOR_OPS]
+    assert set(TENSOR_OPS + grads) <= set(report["rule"]), set(TENSOR_OPS + grads) - set(
+        report["rule"])
+    assert not report["fallback"] and not report["unknown"]
+    for name in TENSOR_OPS + ["index_select", "masked_fill_", "scatter_"]:
+        if name != "gather":
+            assert callable(getattr(dt, name)), name
+    x = t(np.ones((2, 3)))
+    for method in ("sin", "masked_fill", "tril", "logsumexp", "norm", "topk", "sort", "cumsum",
+                   "flip", "roll", "unbind", "repeat_interleave", "take_along_axis", "scatter",
+                   "multinomial", "astype", "outer", "index_select", "put_along_axis", "var"):
+        assert callable(getattr(x, method)), method
+
