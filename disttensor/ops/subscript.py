@@ -76,7 +76,8 @@ def _parse(op: str, x: Tensor, index: Any):
     item = items[q]
     if any(it is Ellipsis for it in items[:q]):
         n_after = sum(1 for it in items[q + 1:] if it is not None)
-        axis = x.ndim - n_after - 1
+        axis = x.ndim - n_after - max(np.ndim(item) if not isinstance(item, Tensor) else
+                                      item.ndim, 1)
     else:
         axis = sum(1 for it in items[:q] if it is not None)
     is_bool = (isinstance(item, Tensor) and np.dtype(item.dtype) == np.bool_) or (

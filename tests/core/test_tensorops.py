@@ -199,7 +199,7 @@ def test_take_put_scatter():
     (slice(None), -1, slice(None)), (slice(None), [-1], slice(None)), ([1, 0, 1],),
     (0, slice(None), [1, 3]), (slice(None), np.array([[0, 1], [2, 2]])), (Ellipsis, [0, 3]),
     (np.array([True, False]),), (1, [2, 0]), ([0, 1], slice(1, 3)), (None, slice(None), [2]),
-    (0, slice(1, 3), [1, 3])])
+    (0, slice(1, 3), [1, 3]), (Ellipsis, np.arange(12).reshape(3, 4) % 5 == 1)])
 def test_getitem_matches_numpy(index):
     a = RNG.standard_normal((2, 3, 4))
     out, w, (g,) = grad_of(lambda x: x[index], a)
