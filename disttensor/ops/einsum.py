@@ -48,7 +48,7 @@ def _outer_bwd(node, g):
             apply(OPS["einsum"], (g, x), {"equation": "ij,i->j"}) if node.needs_grad(1) else None)
 
 
-register("outer", lambda xp, x, y: xp.multiply.outer(x, y), backward=_outer_bwd, rule="einsum",
+register("outer", lambda xp, x, y: xp.outer(x, y), backward=_outer_bwd, rule="einsum",
          rule_attrs={"equation": "i,j->ij"}, save_inputs=(0, 1), dtype=equal_dtypes)
 
 
