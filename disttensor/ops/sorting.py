@@ -225,4 +225,6 @@ def unbind(input: Tensor, axis: int = 0) -> list[Tensor]:
     Example: ``q, k, v = dt.unbind(qkv, axis=2)``."""
     x = as_tensor(input)
     axis = _axis_of("unbind", x, axis)
+    if x.shape[axis] == 0:
+        return []
     return list(apply(OPS["unbind"], (x,), {"axis": axis}))

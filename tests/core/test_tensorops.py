@@ -160,7 +160,7 @@ def test_cumsum_flip_roll_repeat_unbind():
     out, w, (g,) = grad_of(lambda a: dt.repeat_interleave(a, [2, 0, 1], 0), x)
     np.testing.assert_allclose(g, np.stack([w[0] + w[1], 0 * w[0], w[2]]))
     parts = dt.unbind(t(x, grad=True), axis=1)
-    assert len(parts) == 4 and parts[2].shape == [3]
+    assert len(parts) == 4 and parts[2].shape == [3] and dt.unbind(t(np.ones((0, 2)))) == []
     np.testing.assert_array_equal(parts[2].numpy(), x[:, 2])
     with pytest.raises(ValueError, match="repeat_interleave: repeats must be"):
         dt.repeat_interleave(t(x), [1, 2], axis=1)
