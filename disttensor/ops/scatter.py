@@ -34,8 +34,15 @@ def _along(xp, index, axis: int) -> tuple:
     return tuple(out)
 
 
+def _shapes(ctx, x, index, axis: int, names=("arr", "indices")) -> str:
+    """The global shapes of an op's data and index inputs, for its index-range error."""
+    return (f" ({names[0]} of shape {list(ctx.global_shape(0, x.shape))}, {names[1]} of shape "
+            f"{list(ctx.global_shape(1, index.shape))}, axis {axis})")
+
+
 def _take_kernel(xp, x, index, axis, ctx):
-    check_index_range(xp, ctx, "take_along_axis", "index value", index, x.shape[axis], 1)
+    check_index_range(xp, ctx, "take_along_axis", "index value", index, x.shape[axis], 1,
+                      note=_shapes(ctx, x, index, axis))
     return x[_along(xp, index, axis)]
 
 
@@ -73,7 +80,8 @@ register("take_along_axis", _take_kernel, backward=_take_bwd, rule="take_along_a
 
 
 def _put_kernel(xp, x, index, values, axis, reduce, ctx):
-    check_index_range(xp, ctx, "put_along_axis", "index value", index, x.shape[axis], 1)
+    check_index_range(xp, ctx, "put_along_axis", "index value", index, x.shape[axis], 1,
+                      note=_shapes(ctx, x, index, axis))
     out = x.copy()
     where = _along(xp, index, axis)
     if reduce == "assign":
@@ -172,7 +180,8 @@ def put_along_axis(arr: Tensor, indices: Any, values: Any, axis: int, reduce: st
 def _scatter_kernel(xp, x, ids, value, index, axis, overwrite, ctx=DENSE_CTX, out=None):
     """x with the slices of ``x[index]`` at ``ids`` along ``axis`` replaced by value's slices
     (``overwrite``), or zeroed and then summed from them."""
-    check_index_range(xp, ctx, "scatter", "index value", ids, x[index].shape[axis], 1)
+    check_index_range(xp, ctx, "scatter", "index value", ids, x[index].shape[axis], 1,
+                      note=_shapes(ctx, x, ids, axis, ("x", "index")))
     if out is None:
         out = x.copy()
     elif out is not x:
