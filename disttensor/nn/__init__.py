@@ -8,3 +8,4 @@ from .common import (GELU, Dropout, Embedding, Flatten, Identity, LayerList, Lin
 from .layer import Layer, Parameter, ParamAttr
 from .loss import CrossEntropyLoss, MSELoss
 from .norm import BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm
+from .containers import LayerDict, ParameterList  # noqa: E402

@@ -44,6 +44,14 @@ def _mix(z):
 def keep_mask(xp, seed: int, p: float, local_shape, global_shape, offsets):
     """Bool keep-mask (``uniform >= p``) of a piece of ``local_shape`` starting at ``offsets`` in a
     tensor of ``global_shape``, from the global row-major index of each element."""
+    return xp.broadcast_to(uniforms(xp, seed, local_shape, global_shape, offsets) >= p,
+                           tuple(local_shape))
+
+
+def uniforms(xp, seed: int, local_shape, global_shape, offsets):
+    """float64 uniforms in [0, 1) of a piece of ``local_shape`` starting at ``offsets`` in a
+    tensor of ``global_shape``: a hash of (seed, the global row-major index of each element), so
+    any piece of the same tensor draws the same values where it overlaps."""
     ndim = len(local_shape)
     lin = xp.zeros((), dtype=xp.uint64)
     stride = 1
@@ -53,8 +61,7 @@ def keep_mask(xp, seed: int, p: float, local_shape, global_shape, offsets):
         lin = lin + idx.reshape([-1 if i == d else 1 for i in range(ndim)])
         stride *= int(global_shape[d])
     z = (lin + np.uint64(1)) * np.uint64(_GOLDEN) + np.uint64(_splitmix_int(seed))
-    u = (_mix(z) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-    return xp.broadcast_to(u >= p, tuple(local_shape))
+    return (_mix(z) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def _dropout_kernel(xp, x, p, mode, seed, axis, ctx):
