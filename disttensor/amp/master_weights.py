@@ -1,19 +1,21 @@
 """O2 mixed precision: ``decorate`` casts models to float16/bfloat16 and gives their
 optimizers float32 master weights.
 
-The optimizer keeps one float32 master tensor per low-precision parameter (made from the
-parameter's float32 value before the cast, so it has the parameter's mesh and placements: a
-ZeRO-3 sharded parameter has a master sharded alike). ``step`` runs the optimizer's own update
-on the masters, with float32 copies of the gradients, so its states (moments) are float32 too;
-then each parameter receives its master rounded to the low dtype, in place (same tensor, same
-layout). The masters travel in the optimizer's ``state_dict`` as ``<param>_fp32_master_0``.
+The optimizer is re-pointed at one float32 master per low-precision parameter (a
+:class:`Parameter` made from the parameter's float32 value before the cast, so it has the
+parameter's mesh, placements, name and learning-rate multiplier: a ZeRO-3 sharded parameter has
+a master sharded alike, and the optimizer's state keys stay the parameter's). ``step`` gives each
+master the float32 cast of its parameter's gradient, runs the optimizer's own update on the
+masters (so its moments are float32 too), then writes each master, rounded, into its parameter
+in place. Every one of these is an ordinary op on fixed tensors, so a captured step replays
+them. The masters travel in the optimizer's ``state_dict`` as ``<param>_fp32_master_0``.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..dtype import LOW_PRECISION, float32
-from ..nn.layer import Layer, _copy_into
+from ..nn.layer import Layer, Parameter, _clear_grads, _copy_into
 from ..nn.norm import LayerNorm, _BatchNormBase
 from ..ops import assign, cast
 from ..tape import no_grad
@@ -31,7 +33,17 @@ def _parameters(opt: Any) -> list[Tensor]:
     if params is None:
         raise TypeError(f"amp: {type(opt).__name__} is not a disttensor optimizer (it has no "
                         f"parameter list)")
-    return list(params)
+    return params
+
+
+def _repoint(opt: Any, new_of: dict) -> None:
+    """Replace parameters by their masters in the optimizer's lists, in place (the flat list
+    and, where the optimizer keeps them, its parameter groups)."""
+    lists = [_parameters(opt)] + [g["params"] for g in getattr(opt, "_param_groups", None) or ()
+                                  if isinstance(g, dict) and isinstance(g.get("params"), list)]
+    for params in lists:
+        for i, p in enumerate(params):
+            params[i] = new_of.get(id(p), p)
 
 
 class MasterWeights:
@@ -40,66 +52,80 @@ class MasterWeights:
 
     def __init__(self, opt: Any, params: list[Tensor]):
         self.opt = opt
-        self.inner_step = opt.step
-        self.inner_state_dict = opt.state_dict
-        self.inner_set_state_dict = opt.set_state_dict
+        self.inner_step, self.inner_clear_grad = opt.step, opt.clear_grad
+        self.inner_state_dict, self.inner_set_state_dict = opt.state_dict, opt.set_state_dict
+        self.pairs: list[tuple[Tensor, Tensor]] = []
         with no_grad():
-            self.masters = {id(p): (p, assign(cast(p, float32))) for p in params}
-        for p, m in self.masters.values():
-            m.name = f"{p._label()}_fp32_master_0"
-        self._grad_of: dict[int, Tensor] = {}  # id(param) -> the low gradient a master's is of
+            for p in params:
+                attr = getattr(p, "optimize_attr", None) or {"learning_rate": 1.0}
+                m = Parameter(assign(cast(p, float32))._value, name=p._label(),
+                              trainable=not p.stop_gradient,
+                              learning_rate=attr["learning_rate"])
+                self.pairs.append((p, m))
+        self._grad_of: dict[int, Tensor] = {}  # id(master) -> the low gradient it was cast from
+
+    def keep_low(self) -> None:
+        """Forget the masters of parameters that stayed float32; re-point the optimizer."""
+        self.pairs = [(p, m) for p, m in self.pairs if p.dtype in LOW_PRECISION]
+        _repoint(self.opt, {id(p): m for p, m in self.pairs})
 
     def grads(self) -> list[tuple[Tensor, Tensor]]:
-        """(parameter, float32 gradient) for every trainable parameter with a gradient; a
-        low-precision parameter's float32 gradient is its master's (cast once per gradient)."""
+        """(parameter, tensor whose ``.grad`` the update reads) for every trainable parameter
+        with a gradient; a master's gradient is the float32 cast of its parameter's (made once
+        per gradient)."""
         out = []
-        for p in _parameters(self.opt):
+        masters = {id(m): p for p, m in self.pairs}
+        for t in _parameters(self.opt):
+            p = masters.get(id(t))
+            if p is None:
+                if not t.stop_gradient and t.grad is not None:
+                    out.append((t, t))
+                continue
             if p.stop_gradient or p.grad is None:
+                t.grad = None
                 continue
-            entry = self.masters.get(id(p))
-            if entry is None:
-                out.append((p, p))
-                continue
-            m = entry[1]
-            if self._grad_of.get(id(p)) is not p.grad:
+            if self._grad_of.get(id(t)) is not p.grad:
                 with no_grad():
-                    m.grad = cast(p.grad, float32)
-                self._grad_of[id(p)] = p.grad
-            out.append((p, m))
+                    t.grad = cast(p.grad, float32)
+                self._grad_of[id(t)] = p.grad
+            out.append((p, t))
         return out
 
     def step(self) -> None:
         """The optimizer's update on the masters, then each parameter set to its master."""
-        swapped = []
-        for p, holder in self.grads():
-            if holder is p:
-                continue
-            swapped.append((p, holder, p._value, p.grad))
-            p._value, p.grad = holder._value, holder.grad
-        try:
-            self.inner_step()
-        finally:
-            for p, m, value, grad in swapped:
-                m._value = p._value
-                p._value, p.grad = value, grad
+        updated = [(p, m) for p, m in self.grads() if m is not p]
+        self.inner_step()
         with no_grad():
-            for p, m, _, _ in swapped:
+            for p, m in updated:
                 _copy_into(p, m)
+        self._grad_of.clear()
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        """Clear the parameters' gradients (and drop the masters')."""
+        self.inner_clear_grad(set_to_zero)
+        _clear_grads([p for p, _ in self.pairs], set_to_zero)
+        for _, m in self.pairs:
+            m.grad = None
         self._grad_of.clear()
 
     def state_dict(self) -> dict[str, Any]:
         out = self.inner_state_dict()
-        out.update({m.name: m for _, m in self.masters.values()})
+        out.update({f"{m.name}_fp32_master_0": m for _, m in self.pairs})
         return out
 
     def set_state_dict(self, state_dict: dict[str, Any]) -> None:
         rest = dict(state_dict)
         with no_grad():
-            for p, m in self.masters.values():
-                if m.name in rest:
-                    _copy_into(m, rest.pop(m.name))
+            for p, m in self.pairs:
+                key = f"{m.name}_fp32_master_0"
+                if key in rest:
+                    _copy_into(m, rest.pop(key))
                     _copy_into(p, m)
         self.inner_set_state_dict(rest)
+
+    def master_of(self, p: Tensor) -> Tensor | None:
+        """The master of parameter ``p`` (None if it has none)."""
+        return next((m for q, m in self.pairs if q is p), None)
 
 
 def optimizer_grads(opt: Any) -> list[tuple[Tensor, Tensor]]:
@@ -162,11 +188,10 @@ def decorate(models: Any, optimizers: Any = None, level: str = "O1", dtype: str 
             layer._cast_floating(low, excluded, "decorate")
         if master_weight is not False:
             for opt, mw in zip(opts, masters):
-                for key in [k for k, (p, _) in mw.masters.items() if p.dtype not in LOW_PRECISION]:
-                    del mw.masters[key]  # kept in float32 (an excluded layer): no master
+                mw.keep_low()  # parameters kept in float32 (excluded layers) need none
                 opt._amp_master = mw
-                opt.step, opt.state_dict, opt.set_state_dict = (mw.step, mw.state_dict,
-                                                                 mw.set_state_dict)
+                opt.step, opt.clear_grad, opt.zero_grad = mw.step, mw.clear_grad, mw.clear_grad
+                opt.state_dict, opt.set_state_dict = mw.state_dict, mw.set_state_dict
     out_models = layers if many_models else layers[0]
     if optimizers is None:
         return out_models

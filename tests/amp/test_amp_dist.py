@@ -101,7 +101,7 @@ def test_o2_masters_keep_the_parameter_layout():
     opt = dt.optimizer.SGD(learning_rate=0.1, parameters=layer.parameters())
     layer, opt = dt.amp.decorate(layer, opt, level="O2", dtype="bfloat16")
     w = layer.weight
-    master = opt._amp_master.masters[id(w)][1]
+    master = opt._amp_master.master_of(w)
     assert w.dtype == BF16 and master.dtype == np.float32
     assert master.placements == w.placements and master.process_mesh == w.process_mesh
     with dt.amp.auto_cast(level="O2", dtype="bfloat16"):

@@ -126,7 +126,7 @@ def test_o2_master_weights_against_numpy():
         opt.step()
         opt.clear_grad()
         master = master - np.float32(0.1) * g          # SGD on the float32 master
-        np.testing.assert_allclose(opt._amp_master.masters[id(net.fc.weight)][1].numpy(),
+        np.testing.assert_allclose(opt._amp_master.master_of(net.fc.weight).numpy(),
                                    master, rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(net.fc.weight.numpy().astype(np.float32), bf(master))
     # small updates accumulate in the master, not lost to bfloat16 rounding
