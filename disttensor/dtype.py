@@ -72,7 +72,10 @@ def float32_compute(kernel: Callable, name: str, spec: dict, dtype_rule: Callabl
 
     @functools.wraps(kernel)
     def run(xp, *arrays, **attrs):
-        if not any(a is not None and a.dtype is bfloat16 for a in arrays):
+        for a in arrays:
+            if a is not None and a.dtype is bfloat16:
+                break
+        else:
             return kernel(xp, *arrays, **attrs)
         wide = tuple(a.astype(float32) if a is not None and a.dtype is bfloat16 else a
                      for a in arrays)
