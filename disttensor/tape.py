@@ -73,7 +73,7 @@ class GradNode:
                  "in_dtypes", "__weakref__")
 
     def __init__(self, op, attrs: dict, edges: tuple, in_shapes: tuple, n_out: int,
-                 in_dtypes: tuple = ()):
+                 in_dtypes: tuple):
         self.op = op
         self.n_out = n_out
         self.attrs = attrs
