@@ -69,11 +69,12 @@ def float32_compute(kernel: Callable, name: str, spec: dict, dtype_rule: Callabl
     if name == "cast" or spec.get("view"):
         return kernel
     mutated = tuple(i for i, _ in spec.get("mutates", ()))
+    bf16 = bfloat16  # a closure cell: the check below runs on every kernel call
 
     @functools.wraps(kernel)
     def run(xp, *arrays, **attrs):
         for a in arrays:
-            if a is not None and a.dtype is bfloat16:
+            if a is not None and a.dtype is bf16:
                 break
         else:
             return kernel(xp, *arrays, **attrs)

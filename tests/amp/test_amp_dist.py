@@ -1,6 +1,6 @@
 """Mixed precision on meshes (run at 1-4 ranks): bfloat16 pieces and their reductions against
 numpy, the O1 step dense vs on a [dp, mp] mesh vs captured, O2 master weights sharded like
-their parameters, and an inf in one rank's gradient piece skipping the step on every rank."""
+their parameters (ZeRO stages 1-3 too), and an inf in one rank's gradient piece skipping the step on every rank."""
 from __future__ import annotations
 
 import numpy as np
@@ -90,14 +90,19 @@ def test_o1_dense_mesh_and_captured_agree_and_match_numpy():
     np.testing.assert_allclose(dense[0][0], loss0, rtol=1e-6)
 
 
+def _column_parallel_linear(mesh, wa):
+    layer = dt.nn.Linear(*wa.shape)
+    layer.weight.set_value(wa)
+    dt.shard_layer(layer, mesh, lambda name, sub, m: setattr(
+        sub, "weight", dt.shard_tensor(sub.weight, m, [Replicate(), Shard(1)])) if isinstance(
+            sub, dt.nn.Linear) else None)
+    return layer
+
+
 def test_o2_masters_keep_the_parameter_layout():
     mesh = dp_mp()
     xa, wa, _ = model_arrays(seed=8, n=4, k=8, h=6)
-    layer = dt.nn.Linear(8, 6)
-    layer.weight.set_value(wa)
-    dt.shard_layer(layer, mesh, lambda name, sub, m: [
-        setattr(sub, "weight", dt.shard_tensor(sub.weight, m, [Replicate(), Shard(1)]))
-        if isinstance(sub, dt.nn.Linear) else None])
+    layer = _column_parallel_linear(mesh, wa)
     opt = dt.optimizer.SGD(learning_rate=0.1, parameters=layer.parameters())
     layer, opt = dt.amp.decorate(layer, opt, level="O2", dtype="bfloat16")
     w = layer.weight
@@ -144,3 +149,27 @@ def test_inf_on_one_ranks_piece_skips_the_step_on_every_rank(placements):
     scaler.step(opt)
     scaler.update()
     assert not np.array_equal(w.numpy(), before)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_o2_under_zero_matches_numpy(stage):
+    mesh = dp_mp()
+    xa, wa, _ = model_arrays(seed=10, n=4, k=8, h=6)
+    layer = _column_parallel_linear(mesh, wa)
+    opt = dt.optimizer.SGD(learning_rate=0.1, parameters=layer.parameters())
+    cls = (dt.ShardingStage1, dt.ShardingStage2, dt.ShardingStage3)[stage - 1]
+    opt = dt.shard_optimizer(opt, cls("dp", mesh))
+    w = layer.weight
+    layout = w.placements                       # stage 3 shards the parameter on dp
+    layer, opt = dt.amp.decorate(layer, opt, level="O2", dtype="bfloat16")
+    master = opt._amp_master.master_of(w)
+    assert w.dtype == BF16 and master.placements == w.placements == layout
+    with dt.amp.auto_cast(level="O2", dtype="bfloat16"):
+        loss = layer(dt.shard_tensor(xa, mesh, [Shard(0), Replicate()])).mean()
+    loss.backward()
+    g = w.grad.numpy().astype(np.float32)
+    opt.step()
+    want = wa - np.float32(0.1) * g
+    np.testing.assert_allclose(master.numpy(), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(w.numpy().astype(np.float32), bf(want))
+    assert w.placements == layout
