@@ -117,3 +117,14 @@ def test_layer_dtype_bad_input_changes_nothing():
     with pytest.raises(TypeError, match="_Net.half: argument 'excluded_layers'"):
         net.half(excluded_layers=["norm"])
     assert {p.dtype for p in net.parameters()} == {np.dtype(np.float32)}
+
+
+def test_bfloat16_checkpoint_round_trip(tmp_path):
+    net = _Net().bfloat16()
+    dt.save_state_dict(net.state_dict(), str(tmp_path / "ckpt"))
+    other = _Net().bfloat16()
+    target = other.state_dict()
+    dt.load_state_dict(target, str(tmp_path / "ckpt"))
+    for (k, a), b in zip(net.state_dict().items(), other.state_dict().values()):
+        assert b.dtype == BF16
+        np.testing.assert_array_equal(b.numpy(), a.numpy(), err_msg=k)

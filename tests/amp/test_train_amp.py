@@ -40,3 +40,11 @@ def test_captured_o2_equals_eager():
 def test_float16_loss_scaling_refuses_capture():
     with pytest.raises(SystemExit, match="--amp-dtype float16.*--to-static"):
         train.main(ARGS + ["--amp", "O1", "--amp-dtype", "float16", "--to-static"])
+
+
+def test_o2_resume_continues_exactly(tmp_path):
+    args = ["--model", "gpt", "--log-interval", "100", "--amp", "O2"]
+    full = train.main(args + ["--steps", "6"])["gpt"]
+    train.main(args + ["--steps", "3", "--save", str(tmp_path)])
+    resumed = train.main(args + ["--steps", "6", "--resume", str(tmp_path)])["gpt"]
+    assert resumed == full[3:]              # the masters and moments came back
