@@ -30,12 +30,12 @@ sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples"), os.path.join(_ROOT, "be
 import disttensor as dt  # noqa: E402
 import train  # noqa: E402
 
-STEPS, SEED = 20, 5
+STEPS, INIT = 20, 5  # steps; the generator state train.build starts from
 
 
 def run(level: str | None, mesh=None, captured: bool = False) -> tuple[list[float], dict]:
     """The losses of STEPS AdamW steps of train.py's GPT at ``level`` (None: float32)."""
-    model, opt, batches = train.build("gpt", SEED, mesh)
+    model, opt, batches = train.build("gpt", INIT, mesh)
     params = {k: v.numpy() for k, v in model.state_dict().items()}
     args = SimpleNamespace(amp=level, amp_dtype="bfloat16", to_static=captured)
     model, opt, amp = train.amp_setup(args, model, opt)
@@ -56,7 +56,7 @@ def torch_run(params: dict, bf16: bool) -> list[float] | str:
         return f"torch not importable: {e}"
     vocab, seq, d, heads, layers = train.SIZES["default"]["gpt"]
     step = torch_step_fn({k: v for k, v in params.items()}, (vocab, seq, d, heads, layers, 16))
-    _, _, batches = train.build("gpt", SEED, None)
+    _, _, batches = train.build("gpt", INIT, None)
     out = []
     for k in range(STEPS):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

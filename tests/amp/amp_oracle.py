@@ -19,9 +19,9 @@ def is_bf16_exact(a) -> bool:
     return bool(np.array_equal(bf(a), a))
 
 
-def model_arrays(seed: int = 0, n: int = 6, k: int = 8, h: int = 5):
+def model_arrays(draw: int = 0, n: int = 6, k: int = 8, h: int = 5):
     """x [n, k], w [k, h], b [h] in float32."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(draw)
     return (rng.standard_normal((n, k)).astype(np.float32),
             rng.standard_normal((k, h)).astype(np.float32),
             rng.standard_normal(h).astype(np.float32))

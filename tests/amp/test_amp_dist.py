@@ -39,7 +39,7 @@ def test_bfloat16_pieces_and_partial_reduction():
 def _o1_run(layout, captured=False, steps=3, x_pl=(Shard(0), Replicate())):
     """Losses and final (w, b) of ``steps`` O1 SGD steps: dense (layout None) or on the mesh
     with x laid out as ``x_pl`` and w column-parallel on mp."""
-    xa, wa, ba = model_arrays(seed=7, n=8, k=8, h=6)
+    xa, wa, ba = model_arrays(draw=7, n=8, k=8, h=6)
     mesh = dp_mp() if layout else None
 
     def place(a, pl, grad=False):
@@ -82,10 +82,10 @@ def test_o1_dense_mesh_and_captured_agree_and_match_numpy():
     # so the updated weights agree to bfloat16 precision of the update
     one_dense, one_mesh = _o1_run(None, steps=1), _o1_run("dp_mp", steps=1)
     np.testing.assert_allclose(one_mesh[0], one_dense[0], rtol=1e-6)
-    for a, b, start in zip(one_mesh[1:], one_dense[1:], model_arrays(seed=7, n=8, k=8, h=6)[1:]):
+    for a, b, start in zip(one_mesh[1:], one_dense[1:], model_arrays(draw=7, n=8, k=8, h=6)[1:]):
         np.testing.assert_allclose(a - start, b - start, rtol=2 ** -6, atol=1e-6)
     # the first step against the numpy oracle
-    xa, wa, ba = model_arrays(seed=7, n=8, k=8, h=6)
+    xa, wa, ba = model_arrays(draw=7, n=8, k=8, h=6)
     loss0, _, _ = o1_step(xa / 3, wa, ba)
     np.testing.assert_allclose(dense[0][0], loss0, rtol=1e-6)
 
@@ -101,7 +101,7 @@ def _column_parallel_linear(mesh, wa):
 
 def test_o2_masters_keep_the_parameter_layout():
     mesh = dp_mp()
-    xa, wa, _ = model_arrays(seed=8, n=4, k=8, h=6)
+    xa, wa, _ = model_arrays(draw=8, n=4, k=8, h=6)
     layer = _column_parallel_linear(mesh, wa)
     opt = dt.optimizer.SGD(learning_rate=0.1, parameters=layer.parameters())
     layer, opt = dt.amp.decorate(layer, opt, level="O2", dtype="bfloat16")
@@ -125,7 +125,7 @@ def test_o2_masters_keep_the_parameter_layout():
 def test_inf_on_one_ranks_piece_skips_the_step_on_every_rank(placements):
     mesh = dp_mp()
     world = collectives.init()
-    xa, wa, _ = model_arrays(seed=9, n=4, k=8, h=6)
+    xa, wa, _ = model_arrays(draw=9, n=4, k=8, h=6)
     w = dt.shard_tensor(wa, mesh, placements, stop_gradient=False)
     opt = dt.optimizer.SGD(learning_rate=0.1, parameters=[w])
     scaler = dt.amp.GradScaler(init_loss_scaling=64.0)
@@ -154,7 +154,7 @@ def test_inf_on_one_ranks_piece_skips_the_step_on_every_rank(placements):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_o2_under_zero_matches_numpy(stage):
     mesh = dp_mp()
-    xa, wa, _ = model_arrays(seed=10, n=4, k=8, h=6)
+    xa, wa, _ = model_arrays(draw=10, n=4, k=8, h=6)
     layer = _column_parallel_linear(mesh, wa)
     opt = dt.optimizer.SGD(learning_rate=0.1, parameters=layer.parameters())
     cls = (dt.ShardingStage1, dt.ShardingStage2, dt.ShardingStage3)[stage - 1]
