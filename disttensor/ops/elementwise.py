@@ -12,7 +12,7 @@ import numpy as np
 from spmd_rules import broadcast_notations
 
 from ..dispatch import apply, apply_inplace
-from ..dtype import is_floating, to_np_dtype
+from ..dtype import bfloat16, is_floating, to_np_dtype
 from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
                       same_dtype, ufunc_dtype)
 from ..tensor import Tensor
@@ -528,6 +528,9 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
     """``x`` converted to ``dtype`` (differentiable between floating dtypes)."""
     d = to_np_dtype(dtype)
     x = as_tensor(x)
+    if d == bfloat16 and x.place != "cpu":
+        raise TypeError(f"cast: bfloat16 tensors live on the CPU only (cupy has no bfloat16); "
+                        f"x of shape {x.shape} is on {x.place}: use float16 on the GPU")
     if np.dtype(x.dtype) == d:
         return assign(x)
     out = apply(OPS["cast"], (x,), {"dtype": d, "src_dtype": np.dtype(x.dtype)})
