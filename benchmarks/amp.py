@@ -25,7 +25,6 @@ import sys
 import time
 from types import SimpleNamespace
 
-import numpy as np
 from mpi4py import MPI
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dispatch import xp_of
 from ..distributed.mesh_groups import world
 from ..ops import scale as scale_op
 from ..tape import no_grad
@@ -100,14 +101,16 @@ class GradScaler:
             raise RuntimeError("GradScaler.unscale_: unscale_() was already called on this "
                                "optimizer since the last update()")
         inv = 1.0 / self._scale
-        flags = []
+        flags, xp = [], None
         with no_grad():
             for _, holder in optimizer_grads(optimizer):
                 holder.grad = scale_op(holder.grad, inv)
                 a = holder.grad._local_array()
                 if a.size:
-                    flags.append(_xp(a).isfinite(a).all())
-        local = 0.0 if not flags else float(not bool(_xp(flags[0]).stack(flags).all()))
+                    xp = xp_of(a)
+                    flags.append(xp.isfinite(a).all())
+        # one read of the device: every piece's flag at once
+        local = 0.0 if not flags else float(not bool(xp.stack(flags).all()))
         agreed = world().all_reduce(np.array([local], np.float32), "max")
         self._found_inf = self._found_inf or bool(agreed[0] > 0)
         self._unscaled.add(id(optimizer))
@@ -184,10 +187,3 @@ class GradScaler:
 
 #: Paddle's older name
 AmpScaler = GradScaler
-
-
-def _xp(a):
-    if isinstance(a, (np.ndarray, np.generic)):
-        return np
-    import cupy
-    return cupy

@@ -63,10 +63,12 @@ class MasterWeights:
                               learning_rate=attr["learning_rate"])
                 self.pairs.append((p, m))
         self._grad_of: dict[int, Tensor] = {}  # id(master) -> the low gradient it was cast from
+        self._param_of: dict[int, Tensor] = {}  # id(master) -> its parameter (keep_low fills it)
 
     def keep_low(self) -> None:
         """Forget the masters of parameters that stayed float32; re-point the optimizer."""
         self.pairs = [(p, m) for p, m in self.pairs if p.dtype in LOW_PRECISION]
+        self._param_of = {id(m): p for p, m in self.pairs}
         _repoint(self.opt, {id(p): m for p, m in self.pairs})
 
     def grads(self) -> list[tuple[Tensor, Tensor]]:
@@ -74,9 +76,8 @@ class MasterWeights:
         with a gradient; a master's gradient is the float32 cast of its parameter's (made once
         per gradient)."""
         out = []
-        masters = {id(m): p for p, m in self.pairs}
         for t in _parameters(self.opt):
-            p = masters.get(id(t))
+            p = self._param_of.get(id(t))
             if p is None:
                 if not t.stop_gradient and t.grad is not None:
                     out.append((t, t))
@@ -154,7 +155,7 @@ def decorate(models: Any, optimizers: Any = None, level: str = "O1", dtype: str 
 
     ``level`` "O1" changes nothing (``auto_cast`` does the work). "O2" casts the models'
     floating parameters and buffers to ``dtype`` ("float16" or "bfloat16"), except norm layers
-    and ``excluded_layers`` (Layer instances or types), and — unless ``master_weight`` is False —
+    and ``excluded_layers`` (Layer instances or types), and (unless ``master_weight`` is False)
     gives each optimizer float32 master weights (see the module docstring). Returns ``models``
     or ``(models, optimizers)`` as given. ``save_dtype`` is accepted for Paddle's signature;
     ``state_dict`` keeps the parameters' own dtype.
@@ -168,7 +169,8 @@ def decorate(models: Any, optimizers: Any = None, level: str = "O1", dtype: str 
     check_level(level, "decorate")
     low = low_precision_dtype(dtype, "decorate")
     layers, many_models = _as_list(models, Layer, "models")
-    opts, many_opts = ([], False) if optimizers is None else _as_list(optimizers, None, "optimizers")
+    opts, many_opts = ([], False) if optimizers is None else \
+        _as_list(optimizers, None, "optimizers")
     for opt in opts:
         _parameters(opt)
         if getattr(opt, "_amp_master", None) is not None:
@@ -179,10 +181,9 @@ def decorate(models: Any, optimizers: Any = None, level: str = "O1", dtype: str 
         else:
             excluded = list(excluded_layers) if isinstance(excluded_layers, (list, tuple)) \
                 else [excluded_layers]
-        before = {id(p): p for layer in layers for p in layer.parameters()
-                  if p.dtype == float32}
+        fp32 = {id(p) for layer in layers for p in layer.parameters() if p.dtype == float32}
         if master_weight is not False:
-            masters = [MasterWeights(opt, [p for p in _parameters(opt) if id(p) in before])
+            masters = [MasterWeights(opt, [p for p in _parameters(opt) if id(p) in fp32])
                        for opt in opts]
         for layer in layers:
             layer._cast_floating(low, excluded, "decorate")

@@ -1,6 +1,7 @@
 """Mixed precision on meshes (run at 1-4 ranks): bfloat16 pieces and their reductions against
 numpy, the O1 step dense vs on a [dp, mp] mesh vs captured, O2 master weights sharded like
-their parameters (ZeRO stages 1-3 too), and an inf in one rank's gradient piece skipping the step on every rank."""
+their parameters (ZeRO stages 1-3 too), and an inf in one rank's gradient piece skipping the
+step on every rank."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,9 +37,9 @@ def test_bfloat16_pieces_and_partial_reduction():
                                   .astype(np.float32), a)
 
 
-def _o1_run(layout, captured=False, steps=3, x_pl=(Shard(0), Replicate())):
+def _o1_run(layout, captured=False, steps=3, x_pl=None):
     """Losses and final (w, b) of ``steps`` O1 SGD steps: dense (layout None) or on the mesh
-    with x laid out as ``x_pl`` and w column-parallel on mp."""
+    with x laid out as ``x_pl`` (default: batch on dp) and w column-parallel on mp."""
     xa, wa, ba = model_arrays(draw=7, n=8, k=8, h=6)
     mesh = dp_mp() if layout else None
 
@@ -58,7 +59,8 @@ def _o1_run(layout, captured=False, steps=3, x_pl=(Shard(0), Replicate())):
         opt.clear_grad()
         return loss
     f = dt.jit.to_static(step) if captured else step
-    losses = [float(f(place(xa * (k + 1) / 3, list(x_pl))).numpy())
+    x_pl = list(x_pl or (Shard(0), Replicate()))
+    losses = [float(f(place(xa * (k + 1) / 3, x_pl)).numpy())
               for k in range(steps)]
     return losses, w.numpy(), b.numpy()
 

@@ -84,7 +84,7 @@ def test_o2_runs_mixed_unlisted_ops_low():
 
 
 def test_backward_runs_without_the_policy():
-    xa, wa, ba = model_arrays(1)
+    xa, wa, _ = model_arrays(1)
     w = _leaf(wa)
     with dt.amp.auto_cast(dtype="bfloat16"):
         y = dt.matmul(dt.to_tensor(xa), w)
@@ -120,8 +120,8 @@ def test_captured_o1_step_equals_eager():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"level": "O3"}, "auto_cast: argument 'level' must be one of"),
-    ({"dtype": "float8"}, "auto_cast: argument 'dtype' must be 'float16' or 'bfloat16', got "
-                          "'float8'"),
+    ({"dtype": "float8"}, ("auto_cast: argument 'dtype' must be 'float16' or 'bfloat16', got "
+                           "'float8'")),
     ({"dtype": "float32"}, "auto_cast: argument 'dtype'"),
     ({"custom_white_list": ["matmul"], "custom_black_list": ["matmul"]},
      r"auto_cast: ops \['matmul'\] are in both"),
