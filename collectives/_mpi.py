@@ -165,8 +165,8 @@ def _p2p(call, buf: np.ndarray, peer: int, tag: int) -> None:
 
 
 def _reduce_setup(dtype, op):
-    """(working dtype, MPI op): float16 and bfloat16 reduce in float32; bool uses logical ops; floating
-    max/min use NaN-propagating ops (MPI's MAX/MIN may drop a NaN, numpy keeps it)."""
+    """(working dtype, MPI op): float16 and bfloat16 reduce in float32; bool uses logical ops;
+    floating max/min use NaN-propagating ops (MPI's MAX/MIN may drop a NaN, numpy keeps it)."""
     dt = np.dtype(dtype)
     if dt.kind == "b":
         return dt, _BOOL_OPS[op]
