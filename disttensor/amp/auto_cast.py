@@ -29,7 +29,8 @@ from ..ops.elementwise import cast
 from ..schema import OpDef
 from ..tape import _GradMode
 
-__all__ = ["auto_cast", "amp_guard", "low_precision_dtype"]
+__all__ = ["auto_cast", "amp_guard", "low_precision_dtype", "is_float16_supported",
+           "is_bfloat16_supported"]
 
 LEVELS = ("O0", "O1", "O2")
 
@@ -132,3 +133,23 @@ def auto_cast(enable: bool = True, custom_white_list: Iterable[str] | None = Non
 
 #: Paddle's older name
 amp_guard = auto_cast
+
+
+def _device(device: str | None, where: str) -> str:
+    place = "cpu" if device is None else str(device).replace("cuda", "gpu", 1)
+    if place != "cpu" and not place.startswith("gpu"):
+        raise ValueError(f"{where}: argument 'device' must be 'cpu', 'gpu' or 'gpu:N', got "
+                         f"{device!r}")
+    return place
+
+
+def is_float16_supported(device: str | None = None) -> bool:
+    """Whether float16 tensors run on ``device`` ("cpu" by default, "gpu[:N]"): always."""
+    _device(device, "is_float16_supported")
+    return True
+
+
+def is_bfloat16_supported(device: str | None = None) -> bool:
+    """Whether bfloat16 tensors run on ``device``: on the CPU (ml_dtypes), not on a GPU (cupy
+    has no bfloat16 type)."""
+    return _device(device, "is_bfloat16_supported") == "cpu"

@@ -135,3 +135,10 @@ def test_bad_input(kwargs, match):
     with pytest.raises(TypeError, match="auto_cast: argument 'custom_white_list'"):
         with dt.amp.auto_cast(custom_white_list="matmul"):
             pass
+
+
+def test_supported_dtypes_per_device():
+    assert dt.amp.is_float16_supported() and dt.amp.is_bfloat16_supported()
+    assert dt.amp.is_float16_supported("gpu:0") and not dt.amp.is_bfloat16_supported("cuda")
+    with pytest.raises(ValueError, match="is_bfloat16_supported: argument 'device'"):
+        dt.amp.is_bfloat16_supported("tpu")
