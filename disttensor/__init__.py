@@ -53,3 +53,7 @@ from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Gr
                        parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
                        shard_layer)
 # -- end of the user layer block --
+
+# -- mixed precision --
+from .dtype import bfloat16  # noqa: E402
+from . import amp  # noqa: E402

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtype import is_floating
 from ..dispatch import apply
 from ..generator import default_generator
 from ..schema import OPS, public, register, same_dtype
@@ -114,7 +115,7 @@ def dropout(x: Tensor, p: float = 0.5, axis: int | list[int] | None = None,
         raise ValueError(f"dropout: p must be a number in [0, 1], got {p!r}")
     if mode not in _MODES:
         raise ValueError(f"dropout: mode must be one of {list(_MODES)}, got {mode!r}")
-    if np.dtype(x.dtype).kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"dropout: x must be floating, got {np.dtype(x.dtype).name}")
     axes = None if axis is None else normalize_axes("dropout", axis, x.ndim)
     p = float(p)
