@@ -8,9 +8,10 @@ which deselects every unmarked test. A test therefore runs only if
   collection raises no error;
 - unmarked: nothing skips it in the single-process run, where the world size is always 1: no skip
   marker written in the test that holds there (the skip the suite adds to GPU tests on a machine
-  without a device is not one: they run where cupy finds a device) and no
-  ``pytest.skip`` guarded by a world-size or rank condition in its body or in the helpers of its
-  module it calls (such a test "needs 2 ranks" but never gets them: it must be marked ``mpi``);
+  without a device is not one: they run where cupy finds a device) and no ``pytest.skip``
+  guarded by a world-size or rank condition in its body, in the functions of its module it
+  calls or in the helpers it imports from the tree (such a test "needs 2 ranks" but never gets
+  them: it must be marked ``mpi``);
 - marked ``mpi``: no unconditional skip marker, no ``mpi_skip`` marker (pytest-mpi skips those
   under mpiexec) and no ``mpi(min_size=N)`` above the largest world size the CI runs.
 
@@ -164,11 +165,31 @@ class _WorldSkips(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def world_size_skips(tree: ast.Module) -> dict[str, list[int]]:
-    """Per test function (``name`` / ``Class::name``) of ``tree``: the lines of the world-size
-    guarded ``pytest.skip`` calls it reaches, directly or through the module's functions."""
-    funcs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    scans: dict[str, _WorldSkips] = {}
+def _functions(tree: ast.Module, where: str) -> dict[str, tuple[ast.AST, str]]:
+    return {n.name: (n, where) for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def imported_helpers(tree: ast.Module, modules: dict[str, ast.Module]) -> dict:
+    """``name -> (function, file)`` for the functions ``tree`` imports by name from other
+    modules of the tree (``modules``: module name -> its AST), e.g. ``from util import need``."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            src = modules.get(node.module.rsplit(".", 1)[-1])
+            if src is None:
+                continue
+            funcs = _functions(src, node.module.rsplit(".", 1)[-1] + ".py")
+            out.update({a.asname or a.name: funcs[a.name] for a in node.names if a.name in funcs})
+    return out
+
+
+def world_size_skips(tree: ast.Module, helpers: dict | None = None) -> dict[str, list[str]]:
+    """Per test function (``name`` / ``Class::name``) of ``tree``: where (``line N`` or
+    ``file.py:N``) the world-size guarded ``pytest.skip`` calls it reaches are, directly or
+    through the module's functions and the ``helpers`` it imports (:func:`imported_helpers`)."""
+    funcs = {**(helpers or {}), **_functions(tree, "")}
+    scans: dict[int, _WorldSkips] = {}
 
     def scan(fn: ast.AST) -> _WorldSkips:
         v = _WorldSkips()
@@ -176,18 +197,18 @@ def world_size_skips(tree: ast.Module) -> dict[str, list[int]]:
             v.visit(stmt)
         return v
 
-    def reach(fn: ast.AST) -> list[int]:
-        lines, seen, todo = [], set(), [fn]
+    def reach(fn: ast.AST) -> list[str]:
+        found, seen, todo = set(), set(), [(fn, "")]
         while todo:
-            f = todo.pop()
-            key = id(f)
-            if key in seen:
+            f, where = todo.pop()
+            if id(f) in seen:
                 continue
-            seen.add(key)
-            v = scans.setdefault(key, scan(f))
-            lines += v.skips
-            todo += [funcs[c] for c in v.calls if c in funcs]
-        return sorted(set(lines))
+            seen.add(id(f))
+            v = scans.setdefault(id(f), scan(f))
+            found |= {f"{where}:{n}" if where else f"line {n}" for n in v.skips}
+            # a helper's own module functions are not followed further (one level of import)
+            todo += [funcs[c] for c in v.calls if c in funcs and not where]
+        return sorted(found)
 
     out = {}
     for node in tree.body:
@@ -250,12 +271,17 @@ def test_unmarked_tests_do_not_skip_on_the_world_size(inventory):
         if not i["mpi"] and i["function"]:
             key = f"{i['cls']}::{i['function']}" if i["cls"] else i["function"]
             unmarked.setdefault(os.path.realpath(i["path"]), set()).add(key)
+    modules = {}
+    for path in _test_files():
+        with open(path) as f:
+            modules[os.path.basename(path)[:-3]] = ast.parse(f.read(), path)
     bad = []
     for path, names in sorted(unmarked.items()):
         with open(path) as f:
-            skips = world_size_skips(ast.parse(f.read(), path))
-        bad += [f"{_rel(path)}::{n}: pytest.skip under a world-size condition (line(s) "
-                f"{', '.join(map(str, skips[n]))})" for n in sorted(names & skips.keys())]
+            tree = ast.parse(f.read(), path)
+        skips = world_size_skips(tree, imported_helpers(tree, modules))
+        bad += [f"{_rel(path)}::{n}: pytest.skip under a world-size condition "
+                f"({', '.join(skips[n])})" for n in sorted(names & skips.keys())]
     assert not bad, "unmarked tests that skip in the single-process run (world size 1) and " \
                     "that no mpiexec run selects; mark them mpi:\n  " + "\n  ".join(bad)
 
@@ -313,7 +339,13 @@ _SAMPLE = textwrap.dedent('''
 
 def test_world_size_skip_finder_on_a_sample():
     tree = ast.parse(_SAMPLE)
-    assert world_size_skips(tree) == {"test_direct": [16], "test_through_helpers": [9],
-                                      "TestGroup::test_method": [31]}
+    assert world_size_skips(tree) == {"test_direct": ["line 16"],
+                                      "test_through_helpers": ["line 9"],
+                                      "TestGroup::test_method": ["line 31"]}
+    user = ast.parse("from sample_util import need as needs\n"
+                     "def test_imported():\n    needs(2)\n"
+                     "def test_fine():\n    pass\n")
+    helpers = imported_helpers(user, {"sample_util": tree})
+    assert world_size_skips(user, helpers) == {"test_imported": ["sample_util.py:9"]}
     assert _defined_tests(tree) == ["test_direct", "test_through_helpers",
                                     "test_other_condition", "test_plain", "TestGroup::test_method"]
