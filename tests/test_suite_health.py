@@ -6,12 +6,12 @@ which deselects every unmarked test. A test therefore runs only if
 
 - it is collected at all (its file is named ``test_*.py``, or another test runs the file), and
   collection raises no error;
-- unmarked: nothing skips it in the single-process run, where the world size is always 1: no skip
-  marker written in the test that holds there (the skip the suite adds to GPU tests on a machine
-  without a device is not one: they run where cupy finds a device) and no ``pytest.skip``
-  guarded by a world-size or rank condition in its body, in the functions of its module it
-  calls or in the helpers it imports from the tree (such a test "needs 2 ranks" but never gets
-  them: it must be marked ``mpi``);
+- unmarked: nothing skips it in the single-process run, where the world size is always 1: no
+  skip marker written in the test that holds there and is unconditional or about ranks (a skip
+  for a missing optional package or GPU is not one: those run where it is installed), and no
+  ``pytest.skip`` guarded by a world-size or rank condition in its body, in the functions of
+  its module it calls or in the helpers it imports from the tree (such a test "needs 2 ranks"
+  but never gets them: it must be marked ``mpi``);
 - marked ``mpi``: no unconditional skip marker, no ``mpi_skip`` marker (pytest-mpi skips those
   under mpiexec) and no ``mpi(min_size=N)`` above the largest world size the CI runs.
 
@@ -34,6 +34,8 @@ ROOT = os.path.dirname(TESTS)
 MAX_WORLD = 4  # the largest world size tests/run_all.py runs
 # identifiers that make a skip condition depend on the number of ranks
 WORLD_TOKENS = ("world", "rank", "comm", "get_size", "nproc")
+# words of a skip reason about the number of ranks
+WORLD_REASONS = ("rank", "world", "process", "mpi")
 
 # a pytest plugin (loaded with -p) that writes every collected item and collection error as JSON
 _INVENTORY_PLUGIN = textwrap.dedent('''
@@ -116,16 +118,18 @@ def _test_files() -> list[str]:
     return files
 
 
-def _defined_tests(tree: ast.Module) -> list[str]:
-    """``name`` / ``Class::name`` of the test functions pytest would collect from ``tree``."""
+_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _test_functions(tree: ast.Module) -> list[tuple[str, ast.AST]]:
+    """``(name or Class::name, node)`` of the test functions pytest would collect from ``tree``."""
     found = []
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-            found.append(node.name)
+        if isinstance(node, _FUNCS) and node.name.startswith("test"):
+            found.append((node.name, node))
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-            found += [f"{node.name}::{f.name}" for f in node.body
-                      if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                      and f.name.startswith("test")]
+            found += [(f"{node.name}::{f.name}", f) for f in node.body
+                      if isinstance(f, _FUNCS) and f.name.startswith("test")]
     return found
 
 
@@ -166,8 +170,7 @@ class _WorldSkips(ast.NodeVisitor):
 
 
 def _functions(tree: ast.Module, where: str) -> dict[str, tuple[ast.AST, str]]:
-    return {n.name: (n, where) for n in tree.body
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return {n.name: (n, where) for n in tree.body if isinstance(n, _FUNCS)}
 
 
 def imported_helpers(tree: ast.Module, modules: dict[str, ast.Module]) -> dict:
@@ -204,20 +207,15 @@ def world_size_skips(tree: ast.Module, helpers: dict | None = None) -> dict[str,
             if id(f) in seen:
                 continue
             seen.add(id(f))
-            v = scans.setdefault(id(f), scan(f))
+            if id(f) not in scans:
+                scans[id(f)] = scan(f)
+            v = scans[id(f)]
             found |= {f"{where}:{n}" if where else f"line {n}" for n in v.skips}
             # a helper's own module functions are not followed further (one level of import)
             todo += [funcs[c] for c in v.calls if c in funcs and not where]
         return sorted(found)
 
-    out = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-            out[node.name] = reach(node)
-        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-            for f in node.body:
-                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test"):
-                    out[f"{node.name}::{f.name}"] = reach(f)
+    out = {name: reach(fn) for name, fn in _test_functions(tree)}
     return {k: v for k, v in out.items() if v}
 
 
@@ -250,15 +248,23 @@ def test_every_test_function_is_collected(inventory):
             continue  # a file another test runs (e.g. under mpiexec)
         with open(path) as f:
             tree = ast.parse(f.read(), path)
-        for t in _defined_tests(tree):
+        for t, _ in _test_functions(tree):
             if (real, t) not in collected:
                 missing.append(f"{_rel(path)}::{t}")
     assert not missing, "test functions that no run collects:\n  " + "\n  ".join(missing)
 
 
+def _skips_on_world_size(item: dict) -> bool:
+    """An unmarked item's skip marker holds in the single-process run and is unconditional or
+    about ranks (a skipif on a missing optional package runs where the package is installed)."""
+    reason = (item["skip"] or "").lower()
+    return bool(item["skip"]) and (item["unconditional_skip"]
+                                   or any(t in reason for t in WORLD_REASONS))
+
+
 def test_unmarked_tests_are_not_skipped_in_the_single_process_run(inventory):
     bad = [f"{i['nodeid']}: skipped by marker ({i['skip']})" for i in inventory["items"]
-           if not i["mpi"] and i["skip"]]
+           if not i["mpi"] and _skips_on_world_size(i)]
     assert not bad, "tests that the single-process run skips and no mpiexec run selects " \
                     "(unmarked):\n  " + "\n  ".join(bad)
 
@@ -347,5 +353,6 @@ def test_world_size_skip_finder_on_a_sample():
                      "def test_fine():\n    pass\n")
     helpers = imported_helpers(user, {"sample_util": tree})
     assert world_size_skips(user, helpers) == {"test_imported": ["sample_util.py:9"]}
-    assert _defined_tests(tree) == ["test_direct", "test_through_helpers",
-                                    "test_other_condition", "test_plain", "TestGroup::test_method"]
+    assert [name for name, _ in _test_functions(tree)] == [
+        "test_direct", "test_through_helpers", "test_other_condition", "test_plain",
+        "TestGroup::test_method"]

@@ -73,7 +73,8 @@ def test_a_partial_input_is_kept_exactly_or_resolved(name):
                         kept = False
                         for i in chosen:
                             req = res.inputs[i]
-                            assert not req.is_partial() or req.partial == metas[i].dist_attr.partial, \
+                            given = metas[i].dist_attr.partial
+                            assert not req.is_partial() or req.partial == given, \
                                 f"{what}: input {i} required as {req.partial}"
                             kept |= req.is_partial()
                         for k, out in enumerate(res.outputs):
