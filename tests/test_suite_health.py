@@ -219,6 +219,15 @@ def world_size_skips(tree: ast.Module, helpers: dict | None = None) -> dict[str,
     return {k: v for k, v in out.items() if v}
 
 
+def _source(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _parse(path: str) -> ast.Module:
+    return ast.parse(_source(path), path)
+
+
 def _rel(path: str) -> str:
     return os.path.relpath(path, ROOT)
 
@@ -239,16 +248,14 @@ def test_every_test_function_is_collected(inventory):
                   f"{i['cls']}::{i['function']}" if i["cls"] else i["function"])
                  for i in inventory["items"]}
     collected_files = {p for p, _ in collected}
-    sources = "\n".join(open(p).read() for p in sorted(collected_files))
+    sources = "\n".join(_source(p) for p in sorted(collected_files))
     missing = []
     for path in _test_files():
         real = os.path.realpath(path)
         name = os.path.basename(path)
         if real not in collected_files and name in sources:
             continue  # a file another test runs (e.g. under mpiexec)
-        with open(path) as f:
-            tree = ast.parse(f.read(), path)
-        for t, _ in _test_functions(tree):
+        for t, _ in _test_functions(_parse(path)):
             if (real, t) not in collected:
                 missing.append(f"{_rel(path)}::{t}")
     assert not missing, "test functions that no run collects:\n  " + "\n  ".join(missing)
@@ -279,12 +286,10 @@ def test_unmarked_tests_do_not_skip_on_the_world_size(inventory):
             unmarked.setdefault(os.path.realpath(i["path"]), set()).add(key)
     modules = {}
     for path in _test_files():
-        with open(path) as f:
-            modules[os.path.basename(path)[:-3]] = ast.parse(f.read(), path)
+        modules[os.path.basename(path)[:-3]] = _parse(path)
     bad = []
     for path, names in sorted(unmarked.items()):
-        with open(path) as f:
-            tree = ast.parse(f.read(), path)
+        tree = _parse(path)
         skips = world_size_skips(tree, imported_helpers(tree, modules))
         bad += [f"{_rel(path)}::{n}: pytest.skip under a world-size condition "
                 f"({', '.join(skips[n])})" for n in sorted(names & skips.keys())]
