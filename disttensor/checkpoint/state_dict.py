@@ -37,13 +37,13 @@ from ..autograd import no_grad
 from ..distributed.api import dtensor_to_local, reshard
 from ..distributed.mesh_groups import get_rank
 from ..tensor import Tensor
+from .metadata import VALUE_TYPES, chunk_path, read_metadata
 from .safetensors_format import read_block, read_header, to_safetensors_dtype, write_file
 
 __all__ = ["save_state_dict", "load_state_dict", "METADATA_FILE"]
 
 METADATA_FILE = "metadata.json"
 _FORMAT, _VERSION = "disttensor-checkpoint", 1
-_VALUE_TYPES = (bool, int, float, str, type(None))
 
 Region = tuple[tuple[int, int], ...]  # a global index range per dim
 
@@ -98,7 +98,7 @@ def _flatten(fn: str, state_dict: Mapping) -> list[_Entry]:
                 walk(v, prefix + (k,))
                 continue
             e = _Entry(prefix + (k,), v)
-            if e.kind == "value" and not isinstance(v, _VALUE_TYPES):
+            if e.kind == "value" and not isinstance(v, VALUE_TYPES):
                 if isinstance(v, np.generic):
                     e.value = v.item()
                 else:
@@ -346,11 +346,10 @@ def _read_metadata(fn: str, path: Any) -> tuple[str, dict]:
     for d in (final, old):
         meta = os.path.join(d, METADATA_FILE)
         if os.path.isfile(meta) and (d == final or not os.path.exists(final)):
-            with open(meta) as f:
-                md = json.load(f)
-            if md.get("format") != _FORMAT:
-                raise ValueError(f"{fn}: {meta} is not a {_FORMAT} metadata file")
-            return d, md
+            try:
+                return d, read_metadata(meta, _FORMAT)
+            except ValueError as e:
+                raise ValueError(f"{fn}: {e}") from None
     raise FileNotFoundError(f"{fn}: no checkpoint at {final} (no {METADATA_FILE})")
 
 
@@ -405,15 +404,23 @@ def _read_region(fn: str, directory: str, e: _Entry, saved: dict, region: Region
                 raise ValueError(f"{fn}: the chunks {other} and {box} of '{e.name}' overlap in "
                                  f"{METADATA_FILE}; the checkpoint is corrupt")
         read.append((box, inter))
-        path = os.path.join(directory, chunk["file"])
-        if path not in headers:
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"{fn}: {path} is missing; {METADATA_FILE} places the "
-                                        f"chunk {box} of '{e.name}' there")
-            headers[path] = read_header(path)
-        header, start = headers[path]
-        if e.name not in header:
+        name = chunk["file"]  # a plain file name (checked with the metadata)
+        if name not in headers:
+            if not os.path.lexists(os.path.join(directory, name)):
+                raise FileNotFoundError(f"{fn}: {os.path.join(directory, name)} is missing; "
+                                        f"{METADATA_FILE} places the chunk {box} of '{e.name}' "
+                                        "there")
+            path = chunk_path(fn, directory, name)
+            headers[name] = (path,) + read_header(path)
+        path, header, start = headers[name]
+        entry = header.get(e.name)
+        if entry is None:
             raise ValueError(f"{fn}: {path} lacks '{e.name}', which {METADATA_FILE} places there")
+        extent = [b - a for a, b in box]
+        if entry["dtype"] != to_safetensors_dtype(saved["dtype"]) or entry["shape"] != extent:
+            raise ValueError(f"{fn}: {path} holds '{e.name}' as {entry['dtype']} of shape "
+                             f"{entry['shape']}, but {METADATA_FILE} places a {saved['dtype']} "
+                             f"chunk of shape {extent} there")
         src = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, box))
         dst = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, region))
         read_block(path, header[e.name], start, src, out[dst])
