@@ -3,8 +3,9 @@
 The file comes from disk and may be corrupted or hostile: :func:`read_metadata` checks its
 whole structure (tensor shapes, dtypes from the safetensors set, chunk index ranges inside the
 global shape, chunk files that are plain names) before any tensor byte is read, and
-:func:`chunk_path` resolves a chunk's file only to a regular file inside the checkpoint
-directory. Every violation is a ValueError naming the file, the entry and the bad field.
+:func:`file_in` resolves a chunk's (or the metadata's) file only to a regular file inside the
+checkpoint directory. Every violation is a ValueError naming the file, the entry and the bad
+field.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from .safetensors_format import NUMPY_DTYPES, is_count
 
-__all__ = ["read_metadata", "chunk_path", "VALUE_TYPES"]
+__all__ = ["read_metadata", "file_in", "VALUE_TYPES"]
 
 #: The plain (non-tensor) values a checkpoint holds.
 VALUE_TYPES = (bool, int, float, str, type(None))
@@ -80,15 +81,15 @@ def read_metadata(meta_path: str, fmt: str) -> dict:
     return md
 
 
-def chunk_path(fn: str, directory: str, name: str) -> str:
-    """The regular file ``name`` inside ``directory`` (no link may lead outside it); errors
-    start with ``fn``."""
+def file_in(fn: str, directory: str, name: str) -> str:
+    """The regular file ``name`` (a chunk file or the metadata file) inside ``directory``; no
+    link may lead outside it. Errors start with ``fn``."""
     _check_name(f"{fn}: checkpoint {directory}", name)
     path = os.path.realpath(os.path.join(directory, name))
     if os.path.dirname(path) != os.path.realpath(directory):
-        raise ValueError(f"{fn}: checkpoint {directory}: chunk file {name!r} is a link leading "
+        raise ValueError(f"{fn}: checkpoint {directory}: file {name!r} is a link leading "
                          f"outside the checkpoint directory (to {path})")
     if not os.path.isfile(path):
-        raise ValueError(f"{fn}: checkpoint {directory}: chunk file {name!r} is missing or not a "
+        raise ValueError(f"{fn}: checkpoint {directory}: file {name!r} is missing or not a "
                          "regular file")
     return path

@@ -37,7 +37,7 @@ from ..autograd import no_grad
 from ..distributed.api import dtensor_to_local, reshard
 from ..distributed.mesh_groups import get_rank
 from ..tensor import Tensor
-from .metadata import VALUE_TYPES, chunk_path, read_metadata
+from .metadata import VALUE_TYPES, file_in, read_metadata
 from .safetensors_format import read_block, read_header, to_safetensors_dtype, write_file
 
 __all__ = ["save_state_dict", "load_state_dict", "METADATA_FILE"]
@@ -346,8 +346,9 @@ def _read_metadata(fn: str, path: Any) -> tuple[str, dict]:
     for d in (final, old):
         meta = os.path.join(d, METADATA_FILE)
         if os.path.isfile(meta) and (d == final or not os.path.exists(final)):
+            checked = file_in(fn, d, METADATA_FILE)
             try:
-                return d, read_metadata(meta, _FORMAT)
+                return d, read_metadata(checked, _FORMAT)
             except ValueError as e:
                 raise ValueError(f"{fn}: {e}") from None
     raise FileNotFoundError(f"{fn}: no checkpoint at {final} (no {METADATA_FILE})")
@@ -410,7 +411,7 @@ def _read_region(fn: str, directory: str, e: _Entry, saved: dict, region: Region
                 raise FileNotFoundError(f"{fn}: {os.path.join(directory, name)} is missing; "
                                         f"{METADATA_FILE} places the chunk {box} of '{e.name}' "
                                         "there")
-            path = chunk_path(fn, directory, name)
+            path = file_in(fn, directory, name)
             headers[name] = (path,) + read_header(path)
         path, header, start = headers[name]
         entry = header.get(e.name)

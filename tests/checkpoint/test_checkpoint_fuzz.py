@@ -107,6 +107,12 @@ def _symlink_outside(d):
     os.symlink(os.path.join(os.path.dirname(d), "x"), os.path.join(d, RANK0))
 
 
+def _metadata_symlink_outside(d):
+    outside = os.path.join(os.path.dirname(d), "meta.json")
+    shutil.move(os.path.join(d, "metadata.json"), outside)
+    os.symlink(outside, os.path.join(d, "metadata.json"))
+
+
 def _fifo(d):
     os.remove(os.path.join(d, RANK0))
     os.mkfifo(os.path.join(d, RANK0))
@@ -133,7 +139,8 @@ CASES = {
     "file_not_str": (_chunk("b", file=7), "not a plain file name"),
     "file_missing": (_chunk("b", file="rank_09999.safetensors"), "is missing; metadata.json"),
     "file_symlink_outside": (_symlink_outside, "leading outside"),
-    "file_fifo": (_fifo, "missing or not a regular"),
+    "file_fifo": (_fifo, "is missing or not a regular file"),
+    "metadata_symlink_outside": (_metadata_symlink_outside, "leading outside"),
     "meta_unknown_dtype": (_tensor("b", dtype="complex64"), "dtype 'complex64' is not one of"),
     "meta_object_dtype": (_tensor("b", dtype="object"), "dtype 'object' is not one of"),
     "meta_negative_shape": (_tensor("b", shape=[-3]), "not a list of non-negative ints"),
