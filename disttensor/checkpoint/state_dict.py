@@ -150,7 +150,9 @@ def _agree_signature(fn: str, digest: bytes, what: str) -> None:
 
 
 def _on_every_rank(fn: str, step: Callable[[], Any]) -> Any:
-    """Run ``step`` here; if it raised on any rank, raise on every rank (one all-gather)."""
+    """Run ``step`` here; if it raised on any rank, raise on every rank: the rank that failed
+    re-raises its error, the others a RuntimeError quoting the lowest failing rank's message
+    (one all-gather of message lengths; a second, of the messages, only after a failure)."""
     err: BaseException | None = None
     result = None
     try:
@@ -158,15 +160,19 @@ def _on_every_rank(fn: str, step: Callable[[], Any]) -> Any:
     except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
         err = e
     w = _world()
-    flags = w.all_gather(np.array([0 if err is None else 1], np.int64), axis=0,
-                         sizes=[1] * w.size)
-    bad = [w.ranks[i] for i in np.flatnonzero(flags)]
+    text = b"" if err is None else (f"{type(err).__name__}: {err}".encode() or b"?")
+    sizes = [int(n) for n in w.all_gather(np.array([len(text)], np.int64), axis=0,
+                                          sizes=[1] * w.size)]
+    if not any(sizes):
+        return result
+    texts = w.all_gather(np.frombuffer(text, np.uint8), axis=0, sizes=sizes).tobytes()
     if err is not None:
         raise err
-    if bad:
-        raise RuntimeError(f"{fn}: failed on rank(s) {bad} (see their error); nothing was "
-                           "committed")
-    return result
+    bad = [w.ranks[i] for i, n in enumerate(sizes) if n]
+    first = sizes.index(next(n for n in sizes if n))
+    start = sum(sizes[:first])
+    message = texts[start:start + sizes[first]].decode(errors="replace")
+    raise RuntimeError(f"{fn}: failed on rank(s) {bad}; rank {bad[0]}: {message}")
 
 
 # -- which rank writes which piece ----------------------------------------------------------------
