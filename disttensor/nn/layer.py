@@ -13,7 +13,7 @@ import re
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -24,15 +24,9 @@ from ..ops import cast, to_tensor, zeros, zeros_like
 from ..ops.common import as_tensor
 from ..tensor import Tensor
 from .initializer import Constant, Initializer, XavierUniform
+from .torch_names import IncompatibleKeys, TorchLayerNames
 
 __all__ = ["Layer", "Parameter", "ParamAttr", "create_parameter", "IncompatibleKeys"]
-
-
-class IncompatibleKeys(NamedTuple):
-    """What :meth:`Layer.set_state_dict` returns: unpacks as ``(missing, unexpected)``."""
-
-    missing_keys: list[str]
-    unexpected_keys: list[str]
 
 
 class Parameter(Tensor):
@@ -159,7 +153,7 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
 
 
-class Layer:
+class Layer(TorchLayerNames):
     """Base class of all layers; subclasses define ``forward``.
 
     Attributes holding a :class:`Parameter` or a :class:`Layer` are registered as parameters /
@@ -433,28 +427,6 @@ class Layer:
 
     set_dict = set_state_dict
     load_dict = set_state_dict
-
-    # -- PyTorch spellings (same semantics as the Paddle methods they call) ---------------------
-    def load_state_dict(self, state_dict: Mapping, strict: bool = True) -> IncompatibleKeys:
-        """PyTorch's name for :meth:`set_state_dict`, strict by default as in PyTorch."""
-        return self.set_state_dict(state_dict, strict=strict)
-
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Layer"]]:
-        """PyTorch's name: (structured name, layer) for this layer ("") and every sublayer."""
-        return self.named_sublayers(prefix, include_self=True)
-
-    def modules(self) -> Iterator["Layer"]:
-        """PyTorch's name: this layer and every sublayer."""
-        return iter(self.sublayers(include_self=True))
-
-    def add_module(self, name: str, module: "Layer | None") -> "Layer | None":
-        """PyTorch's name for :meth:`add_sublayer`."""
-        return self.add_sublayer(name, module)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """PyTorch's name: drop every parameter's gradient (zero it when ``set_to_none`` is
-        False); :meth:`clear_gradients` is Paddle's."""
-        _clear_grads(self.parameters(), not set_to_none)
 
     # -- modes, hooks, call ----------------------------------------------------------------------
     def train(self) -> "Layer":
