@@ -397,21 +397,27 @@ def _target_region(e: _Entry) -> Region | None:
 
 def _read_region(fn: str, directory: str, e: _Entry, saved: dict, region: Region,
                  headers: dict) -> np.ndarray:
-    """The block ``region`` of a saved tensor, assembled from the chunks that overlap it."""
-    out = np.empty([b - a for a, b in region], dtype=np.dtype(saved["dtype"]))
+    """The block ``region`` of a saved tensor, assembled from the chunks that overlap it. The
+    chunks must cover the region exactly once (checked on the metadata before any file is
+    opened), and each chunk's file must hold it with the dtype and shape the metadata gives."""
+    parts: list[tuple[str, list, list]] = []  # (file, chunk index range, its part of region)
     covered = 0
-    read: list[tuple[list, list]] = []  # (chunk index range, its part of the region)
     for chunk in saved["chunks"]:
         box = [tuple(ab) for ab in chunk["index"]]
         inter = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, box)]
         if any(a >= b for a, b in inter):
             continue
-        for other, done in read:
+        for _, other, done in parts:
             if all(max(a, c) < min(b, d) for (a, b), (c, d) in zip(inter, done)):
                 raise ValueError(f"{fn}: the chunks {other} and {box} of '{e.name}' overlap in "
                                  f"{METADATA_FILE}; the checkpoint is corrupt")
-        read.append((box, inter))
-        name = chunk["file"]  # a plain file name (checked with the metadata)
+        parts.append((chunk["file"], box, inter))
+        covered += _size(tuple(inter))
+    if covered != _size(region):
+        raise ValueError(f"{fn}: the chunks of '{e.name}' cover {covered} of the "
+                         f"{_size(region)} elements this rank needs; the checkpoint is incomplete")
+    out = np.empty([b - a for a, b in region], dtype=np.dtype(saved["dtype"]))
+    for name, box, inter in parts:  # name: a plain file name (checked with the metadata)
         if name not in headers:
             if not os.path.lexists(os.path.join(directory, name)):
                 raise FileNotFoundError(f"{fn}: {os.path.join(directory, name)} is missing; "
@@ -430,11 +436,7 @@ def _read_region(fn: str, directory: str, e: _Entry, saved: dict, region: Region
                              f"chunk of shape {extent} there")
         src = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, box))
         dst = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, region))
-        read_block(path, header[e.name], start, src, out[dst])
-        covered += _size(tuple(inter))
-    if covered != _size(region):
-        raise ValueError(f"{fn}: the chunks of '{e.name}' cover {covered} of the "
-                         f"{_size(region)} elements this rank needs; the checkpoint is incomplete")
+        read_block(path, entry, start, src, out[dst])
     return out
 
 
