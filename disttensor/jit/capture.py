@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -450,10 +451,13 @@ class DistModel:
             out.update(opt)
         return out
 
-    def set_state_dict(self, state_dict: dict) -> None:
+    def set_state_dict(self, state_dict: Mapping) -> None:
         """Load a dict shaped like :meth:`state_dict` (e.g. filled by ``dt.load_state_dict``):
         the layer's keys go to ``layer.set_state_dict``, the others to the optimizer's
         ``set_state_dict``. Without an optimizer, a key the layer lacks raises ValueError."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"DistModel.set_state_dict: expected a dict, got "
+                            f"{type(state_dict).__name__}")
         own = self.layer.state_dict()
         layer_part = {k: v for k, v in state_dict.items() if k in own}
         rest = {k: v for k, v in state_dict.items() if k not in own}

@@ -100,5 +100,7 @@ def test_dist_model_without_optimizer_rejects_foreign_keys():
     with pytest.raises(ValueError, match=r"keys \['w_moment1_0'\] are not the layer's"):
         model.set_state_dict({"weight": np.ones((2, 2)), "w_moment1_0": np.zeros((2, 2))})
     np.testing.assert_array_equal(layer.weight.numpy(), before)
+    with pytest.raises(TypeError, match="DistModel.set_state_dict: expected a dict, got list"):
+        model.set_state_dict([1])
     model.set_state_dict({"weight": np.ones((2, 2)), "bias": np.zeros(2)})
     np.testing.assert_array_equal(layer.weight.numpy(), 1.0)
