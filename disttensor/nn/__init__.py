@@ -9,3 +9,8 @@ from .layer import Layer, Parameter, ParamAttr
 from .loss import CrossEntropyLoss, MSELoss
 from .norm import BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm
 from .containers import LayerDict, ParameterList  # noqa: E402
+
+# PyTorch's names for the same classes (Paddle semantics)
+Module = Layer
+ModuleList = LayerList
+ModuleDict = LayerDict

@@ -267,7 +267,8 @@ def test_incomplete_or_inconsistent_chunks_fail_on_every_rank(ckdir, comm, broke
         assert "load_state_dict: failed on rank(s)" in str(info.value)
     else:
         assert re.search(msg, str(info.value)) or "of 'w' overlap" in str(info.value) or \
-            "incomplete" in str(info.value), str(info.value)
+            "incomplete" in str(info.value) or "holds 'w' as" in str(info.value), \
+            str(info.value)  # (last: a rank whose rows are covered finds the file disagree)
     np.testing.assert_array_equal(sharded["w"].numpy(), np.full(W.shape, 3.0))
 
 
