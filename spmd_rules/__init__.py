@@ -44,6 +44,7 @@ from .norm import channel_axis
 from .reduction import REDUCE_PARTIAL
 from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, reduction,  # noqa: F401  (register rules)
                replicated, softmax)
+from . import conv  # noqa: F401  (registers the convolution, pooling and padding rules)
 
 __all__ = [
     "ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",

@@ -8,3 +8,5 @@ from .common import (GELU, Dropout, Embedding, Flatten, Identity, LayerList, Lin
 from .layer import Layer, Parameter, ParamAttr
 from .loss import CrossEntropyLoss, MSELoss
 from .norm import BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm
+from .conv import (AdaptiveAvgPool2D, AdaptiveMaxPool2D, AvgPool2D, Conv1D, Conv2D, Dropout2D,
+                   GroupNorm, InstanceNorm2D, MaxPool2D)
