@@ -149,15 +149,31 @@ def _conv2d_kernel(xp, x, weight, stride, padding, dilation, groups):
 def _conv2d_grad_kernel(xp, x, weight, dout, stride, padding, dilation, groups):
     cols, out_hw = _cols(xp, x, weight.shape, stride, padding, dilation, groups)
     n, o = dout.shape[:2]
-    og, cg, kh, kw = o // groups, weight.shape[1], weight.shape[2], weight.shape[3]
-    g = dout.reshape(n, groups, og, out_hw[0] * out_hw[1])
+    g = dout.reshape(n, groups, o // groups, out_hw[0] * out_hw[1])
     # dweight[gr, o, k] = sum_n g[n, gr, o, :] . cols[n, gr, k, :]: one GEMM per sample
     dw = xp.matmul(g, cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(weight.shape)
+    del cols
+    return _input_grad(xp, x.shape, weight, dout, stride, padding, dilation, groups), dw
+
+
+def _input_grad(xp, x_shape, weight, dout, stride, padding, dilation, groups):
+    """dx. At stride 1 (padding within the kernel's extent) a convolution of dout, padded by
+    ``dilation * (k - 1) - padding``, with the flipped weight, in- and output channels swapped
+    per group: an im2col instead of kh * kw strided adds. Else a GEMM then :func:`col2im`."""
+    o, cg, kh, kw = weight.shape
+    og, (dh, dw_), (pt, pb, pl, pr) = o // groups, dilation, padding
+    flip = (dh * (kh - 1) - pt, dh * (kh - 1) - pb, dw_ * (kw - 1) - pl, dw_ * (kw - 1) - pr)
+    if tuple(stride) == (1, 1) and min(flip) >= 0:
+        wt = weight.reshape(groups, og, cg, kh, kw).transpose(0, 2, 1, 3, 4)
+        wt = xp.ascontiguousarray(wt.reshape(groups * cg, og, kh, kw)[:, :, ::-1, ::-1])
+        return _conv2d_kernel(xp, dout, wt, (1, 1), flip, dilation, groups)
+    n, out_hw = dout.shape[0], dout.shape[2:]
+    g = dout.reshape(n, groups, og, out_hw[0] * out_hw[1])
     wmat = weight.reshape(groups, og, cg * kh * kw)
     dcols = xp.matmul(wmat.transpose(0, 2, 1), g).reshape(n, groups * cg, kh, kw, *out_hw)
-    dx = col2im(xp, lambda i, j: dcols[:, :, i, j], x.shape, padding, (kh, kw), stride,
+    dx = col2im(xp, lambda i, j: dcols[:, :, i, j], x_shape, padding, (kh, kw), stride,
                 dilation, out_hw, dcols.dtype)
-    return xp.ascontiguousarray(dx), dw
+    return xp.ascontiguousarray(dx)
 
 
 def _conv2d_bwd(node, g):
