@@ -130,30 +130,50 @@ def _geometry(x_shape, w_shape, stride, padding, dilation):
     return (kh, kw), (ho, wo)
 
 
-def _cols(xp, x, w_shape, stride, padding, dilation, groups):
-    """im2col: ``[N, groups, C/groups * kh * kw, Ho * Wo]`` (one copy of the windows)."""
+#: bytes of im2col columns built at once on the CPU (samples are taken in chunks of about this
+#: size, so the columns stay in cache instead of making one batch-sized copy)
+CHUNK_BYTES = 4 << 20
+
+
+def _chunks(xp, x, w_shape, stride, padding, dilation, groups):
+    """Yield ``(start, stop, cols)``: im2col ``[stop - start, groups, C/groups * kh * kw,
+    Ho * Wo]`` of consecutive samples (all at once for cupy), and set up the geometry."""
     kernel, out_hw = _geometry(x.shape, w_shape, stride, padding, dilation)
     win = windows(xp, pad_hw(xp, x, padding, 0), kernel, stride, dilation, out_hw)
     n = x.shape[0]
-    k = w_shape[1] * kernel[0] * kernel[1]
-    return xp.ascontiguousarray(win).reshape(n, groups, k, out_hw[0] * out_hw[1]), out_hw
+    k, lsize = w_shape[1] * kernel[0] * kernel[1], out_hw[0] * out_hw[1]
+    per_sample = max(groups * k * lsize * x.dtype.itemsize, 1)
+    step = max(1, CHUNK_BYTES // per_sample) if xp is np else max(n, 1)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        yield start, stop, xp.ascontiguousarray(win[start:stop]).reshape(
+            stop - start, groups, k, lsize)
+
+
+def _per_output(weight) -> int:
+    """Weights per output channel (``C/groups * kh * kw``; also for an empty local piece)."""
+    return weight.shape[1] * weight.shape[2] * weight.shape[3]
 
 
 def _conv2d_kernel(xp, x, weight, stride, padding, dilation, groups):
-    cols, (ho, wo) = _cols(xp, x, weight.shape, stride, padding, dilation, groups)
     o = weight.shape[0]
-    wmat = weight.reshape(groups, o // groups, cols.shape[2])
-    return xp.matmul(wmat, cols).reshape(x.shape[0], o, ho, wo)
+    _, (ho, wo) = _geometry(x.shape, weight.shape, stride, padding, dilation)
+    out = xp.empty((x.shape[0], groups, o // groups, ho * wo), dtype=x.dtype)
+    wmat = weight.reshape(groups, o // groups, _per_output(weight))
+    for start, stop, cols in _chunks(xp, x, weight.shape, stride, padding, dilation, groups):
+        xp.matmul(wmat, cols, out=out[start:stop])
+    return out.reshape(x.shape[0], o, ho, wo)
 
 
 def _conv2d_grad_kernel(xp, x, weight, dout, stride, padding, dilation, groups):
-    cols, out_hw = _cols(xp, x, weight.shape, stride, padding, dilation, groups)
     n, o = dout.shape[:2]
-    g = dout.reshape(n, groups, o // groups, out_hw[0] * out_hw[1])
+    g = dout.reshape(n, groups, o // groups, dout.shape[2] * dout.shape[3])
     # dweight[gr, o, k] = sum_n g[n, gr, o, :] . cols[n, gr, k, :]: one GEMM per sample
-    dw = xp.matmul(g, cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(weight.shape)
-    del cols
-    return _input_grad(xp, x.shape, weight, dout, stride, padding, dilation, groups), dw
+    dw = xp.zeros((groups, o // groups, _per_output(weight)), dtype=dout.dtype)
+    for start, stop, cols in _chunks(xp, x, weight.shape, stride, padding, dilation, groups):
+        dw += xp.matmul(g[start:stop], cols.transpose(0, 1, 3, 2)).sum(axis=0)
+    return (_input_grad(xp, x.shape, weight, dout, stride, padding, dilation, groups),
+            dw.reshape(weight.shape))
 
 
 def _input_grad(xp, x_shape, weight, dout, stride, padding, dilation, groups):
