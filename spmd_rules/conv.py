@@ -5,19 +5,27 @@ arithmetic the kernels share with them.
 Layouts: the batch axis keeps its sharding (data parallel, no communication); channels follow
 the weight (``conv2d`` with ``groups == 1``: output channels sharded with the weight's dim 0 —
 column parallel — and input channels with its dim 1 — row parallel, output Partial(sum));
-pooling keeps the channel sharding. The spatial axes H, W are required whole on every rank.
+pooling keeps the channel sharding.
+
+Spatial sharding: conv2d and max pooling keep H (and/or W) sharded when x already is, each by
+one mesh dim; the output's pieces are the usual split of the output size, and each rank reads
+the input rows its output rows need from its two neighbours along that mesh dim (a halo
+exchange, :func:`halo_plan`; the rule checks on every rank that no piece needs more than its
+neighbours hold). Other ops require H and W whole.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .base import SpmdResult, TensorMeta, check_ndim, mesh_shape_of, op_name, register_rule, require
+from .dist_attr import split_range
 from .einsum import layout, merge_shardings
 from .placement import ReduceType
 
 __all__ = ["conv_out_size", "pool_out_size", "conv2d", "conv2d_grad", "pool2d", "pool2d_grad",
-           "pad", "pad_grad", "pool2d_out_hw"]
+           "pad", "pad_grad", "pool2d_out_hw", "Window", "halo_plan", "HaloPlan"]
 
 
 def conv_out_size(n: int, k: int, stride: int, pad0: int, pad1: int, dilation: int) -> int:
@@ -75,11 +83,13 @@ def _conv_out_shape(op: str, x: TensorMeta, w: TensorMeta, attrs: Mapping[str, A
     return (n, o, ho, wo)
 
 
-def _conv_notations(attrs: Mapping[str, Any]):
-    """x, weight and out notations: channels are labels only without groups."""
+def _conv_notations(attrs: Mapping[str, Any], x: TensorMeta):
+    """x, weight and out notations: channels are labels only without groups, H and W where x
+    is spatially sharded."""
     grouped = int(attrs.get("groups", 1)) != 1
     c, o = (None, None) if grouped else ("c", "o")
-    return ["n", c, None, None], [o, c, None, None], ["n", o, None, None]
+    h, w = spatial_labels(x)
+    return ["n", c, h, w], [o, c, None, None], ["n", o, h, w]
 
 
 @register_rule("conv2d")
@@ -95,8 +105,9 @@ def conv2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     x, w = metas
     mesh = mesh_shape_of(op, metas)
     out_shape = _conv_out_shape(op, x, w, attrs)
-    xn, wn, on = _conv_notations(attrs)
+    xn, wn, on = _conv_notations(attrs, x)
     merged = merge_shardings([xn, wn], [x.dist_attr, w.dist_attr], shapes=[x.shape, w.shape])
+    check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)
     partial = [(m, ReduceType.SUM) for m in merged.get("c", ())]
     return SpmdResult((layout(xn, merged, mesh), layout(wn, merged, mesh)),
                       (TensorMeta(out_shape, layout(on, merged, mesh, partial)),))
@@ -106,7 +117,7 @@ def conv2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
 def conv2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
     """inputs (x, weight, dout), attrs as conv2d. Outputs (dx like x, dweight like weight):
     dx is Partial(sum) over the mesh dims sharding the output channels, dweight over those
-    sharding the batch."""
+    sharding the batch and the spatial axes."""
     op = op_name(attrs, "conv2d_grad")
     require(metas, op, 3)
     x, w, dout = metas
@@ -114,49 +125,63 @@ def conv2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     out_shape = _conv_out_shape(op, x, w, attrs)
     if dout.shape != out_shape:
         raise ValueError(f"{op}: dout has shape {list(dout.shape)}, expected {list(out_shape)}")
-    xn, wn, on = _conv_notations(attrs)
+    xn, wn, on = _conv_notations(attrs, x)
     merged = merge_shardings([xn, wn, on], [m.dist_attr for m in metas],
                              shapes=[m.shape for m in metas])
+    check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)
     dx_partial = [(m, ReduceType.SUM) for m in merged.get("o", ())]
-    dw_partial = [(m, ReduceType.SUM) for m in merged.get("n", ())]
+    dw_partial = [(m, ReduceType.SUM) for lab in ("n", "h", "w") for m in merged.get(lab, ())]
     return SpmdResult(tuple(layout(n, merged, mesh) for n in (xn, wn, on)),
                       (TensorMeta(x.shape, layout(xn, merged, mesh, dx_partial)),
                        TensorMeta(w.shape, layout(wn, merged, mesh, dw_partial))))
 
 
-_NC = ["n", "c", None, None]
+def _pool_notation(x: TensorMeta, attrs: Mapping[str, Any]) -> list:
+    return ["n", "c", *spatial_labels(x, bool(attrs.get("spatial")))]
+
+
+def _check_pool_spatial(op, x, attrs, out_hw, merged) -> None:
+    if attrs.get("spatial"):
+        check_spatial(op, x, attrs, attrs["kernel_size"], out_hw, merged)
 
 
 @register_rule("pool2d")
 def pool2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
     """inputs (x [N, C, H, W]); output [N, C, Ho, Wo] (:func:`pool2d_out_hw`). N and C keep
-    their sharding, H and W are Replicate; a Partial input is resolved."""
+    their sharding; H and W too when attrs ``spatial`` (max pooling) and x is so sharded
+    (halo exchange), else they are Replicate; a Partial input is resolved."""
     op = op_name(attrs, "pool2d")
     require(metas, op, 1)
     (x,) = metas
     check_ndim(op, "x", x, (4,))
     mesh = mesh_shape_of(op, metas)
     ho, wo = pool2d_out_hw(op, x.shape[2:], attrs)
-    merged = merge_shardings([_NC], [x.dist_attr], shapes=[x.shape])
-    xa = layout(_NC, merged, mesh)
+    notation = _pool_notation(x, attrs)
+    merged = merge_shardings([notation], [x.dist_attr], shapes=[x.shape])
+    _check_pool_spatial(op, x, attrs, (ho, wo), merged)
+    xa = layout(notation, merged, mesh)
     return SpmdResult((xa,), (TensorMeta((*x.shape[:2], ho, wo), xa),))
 
 
 @register_rule("pool2d_grad")
 def pool2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
-    """inputs (x, dout); output dx like x. N and C merge across x and dout; H, W Replicate."""
+    """inputs (x, dout); output dx like x. N and C (and spatial axes as in ``pool2d``) merge
+    across x and dout."""
     op = op_name(attrs, "pool2d_grad")
     require(metas, op, 2)
     x, dout = metas
     check_ndim(op, "x", x, (4,))
     mesh = mesh_shape_of(op, metas)
-    want = (*x.shape[:2], *pool2d_out_hw(op, x.shape[2:], attrs))
+    out_hw = pool2d_out_hw(op, x.shape[2:], attrs)
+    want = (*x.shape[:2], *out_hw)
     if dout.shape != want:
         raise ValueError(f"{op}: dout has shape {list(dout.shape)}, expected {list(want)}")
-    merged = merge_shardings([_NC, _NC], [x.dist_attr, dout.dist_attr],
+    notation = _pool_notation(x, attrs)
+    merged = merge_shardings([notation, notation], [x.dist_attr, dout.dist_attr],
                              shapes=[x.shape, dout.shape])
-    xa = layout(_NC, merged, mesh)
-    return SpmdResult((xa, xa), (TensorMeta(x.shape, xa),))
+    _check_pool_spatial(op, x, attrs, out_hw, merged)
+    xa, ga = layout(notation, merged, mesh), layout(notation, merged, mesh)
+    return SpmdResult((xa, ga), (TensorMeta(x.shape, xa),))
 
 
 def _padded(op: str, x: TensorMeta, pads: Sequence[Sequence[int]], sign: int) -> tuple[int, ...]:
@@ -196,3 +221,113 @@ def pad_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Sp
     out = _padded(op, g, attrs["pads"], -1)
     ga = _pad_layout(op, g, attrs["pads"])
     return SpmdResult((ga,), (TensorMeta(out, ga),))
+
+
+# -- spatial sharding: halo geometry --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Window:
+    """A window sweep along one axis: size ``n`` in, ``n_out`` out, kernel ``k``, stride ``s``,
+    leading padding ``p0``, dilation ``d``."""
+
+    n: int
+    n_out: int
+    k: int
+    s: int
+    p0: int
+    d: int = 1
+
+    def need(self, parts: int, r: int) -> tuple[int, int] | None:
+        """The global input rows (padding included: may leave [0, n)) that output piece ``r``
+        of ``parts`` reads; None for an empty output piece."""
+        oa, ob = split_range(self.n_out, parts, r)
+        if oa == ob:
+            return None
+        return oa * self.s - self.p0, (ob - 1) * self.s - self.p0 + self.d * (self.k - 1) + 1
+
+
+@dataclass(frozen=True)
+class HaloPlan:
+    """What piece ``r`` does along one axis (local row indices of its own input piece):
+    ``fill_before``/``fill_after`` padding rows, ``from_prev``/``from_next`` rows received,
+    ``own`` the slice of its piece it keeps, ``to_prev``/``to_next`` the slices it sends;
+    ``out_rows``: the rows of its output piece."""
+
+    fill_before: int
+    from_prev: int
+    own: tuple[int, int]
+    from_next: int
+    fill_after: int
+    to_prev: tuple[int, int]
+    to_next: tuple[int, int]
+    out_rows: int
+
+
+def _overlap(need, a: int, b: int) -> tuple[int, int]:
+    if need is None:
+        return (a, a)
+    lo, hi = max(need[0], a), min(need[1], b)
+    return (lo, hi) if lo < hi else (a, a)
+
+
+def halo_plan(win: Window, parts: int, r: int) -> HaloPlan:
+    """Piece ``r``'s halo exchange along an axis split into ``parts`` (see :class:`HaloPlan`)."""
+    piece = [split_range(win.n, parts, q) for q in range(parts)]
+    a, b = piece[r]
+    need = win.need(parts, r)
+    prev = _overlap(need, *piece[r - 1]) if r > 0 else (0, 0)
+    nxt = _overlap(need, *piece[r + 1]) if r + 1 < parts else (0, 0)
+    own = _overlap(need, a, b)
+    fill_before = max(0, -need[0]) if need else 0
+    fill_after = max(0, need[1] - win.n) if need else 0
+    to_prev = _overlap(win.need(parts, r - 1), a, b) if r > 0 else (a, a)
+    to_next = _overlap(win.need(parts, r + 1), a, b) if r + 1 < parts else (a, a)
+    oa, ob = split_range(win.n_out, parts, r)
+    return HaloPlan(fill_before, prev[1] - prev[0], (own[0] - a, own[1] - a), nxt[1] - nxt[0],
+                    fill_after, (to_prev[0] - a, to_prev[1] - a), (to_next[0] - a, to_next[1] - a),
+                    ob - oa)
+
+
+def check_halo(op: str, axis: int, win: Window, parts: int, mesh_dim: int) -> None:
+    """Every output piece's input rows lie in its own and its two neighbours' pieces, else a
+    ValueError naming the piece (raised alike on every rank: pure metadata)."""
+    piece = [split_range(win.n, parts, q) for q in range(parts)]
+    for r in range(parts):
+        need = win.need(parts, r)
+        if need is None:
+            continue
+        lo, hi = max(need[0], 0), min(need[1], win.n)
+        first = piece[max(r - 1, 0)][0]
+        last = piece[min(r + 1, parts - 1)][1]
+        if lo < first or hi > last:
+            raise ValueError(
+                f"{op}: axis {axis} (size {win.n}) sharded over mesh dim {mesh_dim} in {parts} "
+                f"pieces: the rank at coordinate {r} of that mesh dim needs input indices "
+                f"[{lo}, {hi}) but it and its neighbours hold only [{first}, {last}) (kernel "
+                f"{win.k}, stride {win.s}, dilation {win.d}); use fewer ranks on mesh dim "
+                f"{mesh_dim}")
+
+
+def _windows_of(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequence[int],
+                out_hw: Sequence[int]) -> tuple[Window, ...]:
+    pads, stride = attrs["padding"], attrs["stride"]
+    dil = attrs.get("dilation", (1, 1))
+    return tuple(Window(x.shape[2 + i], out_hw[i], kernel[i], stride[i], pads[2 * i], dil[i])
+                 for i in range(2))
+
+
+def spatial_labels(x: TensorMeta, allowed: bool = True) -> tuple[Any, Any]:
+    """The notation labels of H and W: ``"h"``/``"w"`` where x is sharded there by one mesh
+    dim (and spatial sharding is ``allowed``), else None (the axis is gathered)."""
+    return tuple(label if allowed and len(x.dist_attr.dims_mapping[2 + i]) == 1 else None
+                 for i, label in ((0, "h"), (1, "w")))
+
+
+def check_spatial(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequence[int],
+                  out_hw: Sequence[int], merged: Mapping[Any, tuple[int, ...]]) -> None:
+    """:func:`check_halo` for each spatial axis the merged layout shards."""
+    wins = _windows_of(op, x, attrs, kernel, out_hw)
+    for i, label in ((0, "h"), (1, "w")):
+        dims = merged.get(label, ())
+        if dims:
+            check_halo(op, 2 + i, wins[i], x.dist_attr.mesh_shape[dims[0]], dims[0])

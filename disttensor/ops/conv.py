@@ -16,10 +16,11 @@ import numpy as np
 from spmd_rules.conv import conv_out_size
 
 from ..dispatch import apply
-from ..schema import OPS, public, register, same_dtype
+from ..schema import DENSE_CTX, OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor
 from .elementwise import add
+from .halo import extend, fold, halo_attrs, no_output, out_size
 from .shape import reshape, squeeze, transpose, unsqueeze
 
 __all__ = ["conv1d", "conv2d", "windows", "col2im", "pad_hw", "pair", "conv_padding"]
@@ -150,12 +151,24 @@ def _chunks(xp, x, w_shape, stride, padding, dilation, groups):
             stop - start, groups, k, lsize)
 
 
+def _empty_out(x_shape, weight, stride, padding, dilation, halo) -> tuple[int, ...]:
+    """The output shape of a rank with no output rows along a sharded spatial axis."""
+    dense = _geometry(x_shape, weight.shape, stride, padding, dilation)[1]
+    return (x_shape[0], weight.shape[0],
+            *(out_size(halo, 2 + i, max(dense[i], 0)) for i in range(2)))
+
+
 def _per_output(weight) -> int:
     """Weights per output channel (``C/groups * kh * kw``; also for an empty local piece)."""
     return weight.shape[1] * weight.shape[2] * weight.shape[3]
 
 
-def _conv2d_kernel(xp, x, weight, stride, padding, dilation, groups):
+def _conv2d_kernel(xp, x, weight, stride, padding, dilation, groups, halo=(), ctx=DENSE_CTX):
+    if halo:  # H / W spatially sharded: the rows the output reads, from the neighbours
+        x = extend(xp, x, halo, ctx, 0.0)[0]
+        if no_output(halo):
+            return xp.zeros(_empty_out(x.shape, weight, stride, padding, dilation, halo),
+                            dtype=x.dtype)
     o = weight.shape[0]
     _, (ho, wo) = _geometry(x.shape, weight.shape, stride, padding, dilation)
     out = xp.empty((x.shape[0], groups, o // groups, ho * wo), dtype=x.dtype)
@@ -165,7 +178,16 @@ def _conv2d_kernel(xp, x, weight, stride, padding, dilation, groups):
     return out.reshape(x.shape[0], o, ho, wo)
 
 
-def _conv2d_grad_kernel(xp, x, weight, dout, stride, padding, dilation, groups):
+def _conv2d_grad_kernel(xp, x, weight, dout, stride, padding, dilation, groups, halo=(),
+                        ctx=DENSE_CTX):
+    if halo:
+        x_ext, shapes = extend(xp, x, halo, ctx, 0.0)
+        if no_output(halo):
+            dx, dw = xp.zeros(x_ext.shape, dout.dtype), xp.zeros(weight.shape, dout.dtype)
+        else:
+            dx, dw = _conv2d_grad_kernel(xp, x_ext, weight, dout, stride, padding, dilation,
+                                         groups)
+        return fold(xp, dx, halo, ctx, shapes), dw
     n, o = dout.shape[:2]
     g = dout.reshape(n, groups, o // groups, dout.shape[2] * dout.shape[3])
     # dweight[gr, o, k] = sum_n g[n, gr, o, :] . cols[n, gr, k, :]: one GEMM per sample
@@ -201,11 +223,13 @@ def _conv2d_bwd(node, g):
     return tuple(apply(OPS["conv2d_grad"], (x, w, g), node.attrs))
 
 
-register("conv2d_grad", _conv2d_grad_kernel, rule="conv2d_grad", n_out=2,
+_conv_halo = halo_attrs(lambda attrs, metas: metas[1].shape[2:])
+register("conv2d_grad", _conv2d_grad_kernel, rule="conv2d_grad", n_out=2, needs_ctx=True,
+         local_attrs=_conv_halo,
          dtype=lambda dtypes, attrs: (np.result_type(dtypes[0], dtypes[2]),
                                       np.result_type(dtypes[1], dtypes[2])))
 register("conv2d", _conv2d_kernel, backward=_conv2d_bwd, rule="conv2d", save_inputs=(0, 1),
-         dtype=same_dtype(0))
+         dtype=same_dtype(0), needs_ctx=True, local_attrs=_conv_halo)
 
 
 # -- public functions ------------------------------------------------------------------------

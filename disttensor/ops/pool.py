@@ -16,13 +16,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spmd_rules.conv import pool2d_out_hw
+from spmd_rules.conv import pool2d_out_hw, pool_out_size
 
 from ..dispatch import apply
-from ..schema import OPS, public, register, same_dtype
+from ..schema import DENSE_CTX, OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor
 from .conv import col2im, conv_padding, pad_hw, pair, windows
+from .halo import extend, fold, halo_attrs, no_output, out_size
 from .shape import transpose
 
 __all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
@@ -54,18 +55,37 @@ def _window(kernel_size, stride, padding, ceil_mode, exclusive=None) -> dict:
             "ceil_mode": ceil_mode, "exclusive": exclusive}
 
 
+def _empty_out(x_shape, kernel_size, stride, padding, ceil_mode, halo) -> tuple[int, ...]:
+    """The output shape of a rank with no output rows along a sharded spatial axis."""
+    dense = [pool_out_size(x_shape[2 + i], kernel_size[i], stride[i], padding[2 * i],
+                           padding[2 * i + 1], ceil_mode) for i in range(2)]
+    return (*x_shape[:2], *(out_size(halo, 2 + i, max(dense[i], 0)) for i in range(2)))
+
+
 def _max_windows(xp, x, attrs):
     padding, kernel, stride, out_hw = _sweep(x.shape, attrs)
     win = windows(xp, pad_hw(xp, x, padding, _lowest(x.dtype)), kernel, stride, (1, 1), out_hw)
     return win, padding, kernel, stride, out_hw
 
 
-def _max_pool2d_kernel(xp, x, kernel_size, stride, padding, ceil_mode):
+def _max_pool2d_kernel(xp, x, kernel_size, stride, padding, ceil_mode, halo=(),
+                       ctx=DENSE_CTX):
+    if halo:  # H / W spatially sharded: the rows the output reads, from the neighbours
+        x = extend(xp, x, halo, ctx, _lowest(x.dtype))[0]
+        if no_output(halo):
+            return xp.zeros(_empty_out(x.shape, kernel_size, stride, padding, ceil_mode, halo),
+                            dtype=x.dtype)
     win = _max_windows(xp, x, _window(kernel_size, stride, padding, ceil_mode))[0]
     return win.max(axis=(2, 3))
 
 
-def _max_pool2d_grad_kernel(xp, x, dout, kernel_size, stride, padding, ceil_mode):
+def _max_pool2d_grad_kernel(xp, x, dout, kernel_size, stride, padding, ceil_mode, halo=(),
+                            ctx=DENSE_CTX):
+    if halo:
+        x_ext, shapes = extend(xp, x, halo, ctx, _lowest(x.dtype))
+        dx = xp.zeros(x_ext.shape, dout.dtype) if no_output(halo) else \
+            _max_pool2d_grad_kernel(xp, x_ext, dout, kernel_size, stride, padding, ceil_mode)
+        return fold(xp, dx, halo, ctx, shapes)
     win, pads, kernel, strides, out_hw = _max_windows(
         xp, x, _window(kernel_size, stride, padding, ceil_mode))
     n, c, kh, kw = win.shape[:4]
@@ -82,10 +102,13 @@ def _pool_bwd(grad_op: str):
     return backward
 
 
+_pool_halo = halo_attrs(lambda attrs, metas: attrs["kernel_size"])
 register("max_pool2d_grad", _max_pool2d_grad_kernel, rule="pool2d_grad",
-         dtype=same_dtype(1))
+         dtype=same_dtype(1), needs_ctx=True, local_attrs=_pool_halo,
+         rule_attrs={"spatial": True})
 register("max_pool2d", _max_pool2d_kernel, backward=_pool_bwd("max_pool2d_grad"),
-         rule="pool2d", save_inputs=(0,), dtype=_SAME)
+         rule="pool2d", save_inputs=(0,), dtype=_SAME, needs_ctx=True, local_attrs=_pool_halo,
+         rule_attrs={"spatial": True})
 
 
 # -- average pooling -------------------------------------------------------------------------

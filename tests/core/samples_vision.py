@@ -40,7 +40,7 @@ def _pad(shape, pads, mode, value=0.0):
 SAMPLES: dict[str, list] = {
     "conv2d": [
         _conv((3, 3, 5, 6), (4, 3, 3, 3), padding=(1, 1, 1, 1)),
-        _conv((2, 4, 7, 6), (6, 2, 3, 2), stride=(2, 1), padding=(0, 1, 2, 0), dilation=(1, 2),
+        _conv((2, 4, 7, 9), (6, 2, 3, 2), stride=(2, 1), padding=(0, 1, 2, 0), dilation=(1, 2),
               groups=2),
         _conv((2, 3, 5, 5), (3, 1, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1), groups=3),
         _conv((3, 5, 4, 3), (2, 5, 1, 1)),
