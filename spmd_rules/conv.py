@@ -16,16 +16,19 @@ neighbours hold). Other ops require H and W whole.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .base import SpmdResult, TensorMeta, check_ndim, mesh_shape_of, op_name, register_rule, require
-from .dist_attr import split_range
+from .dist_attr import DistAttr, split_range
 from .einsum import layout, merge_shardings
 from .placement import ReduceType
+from .redistribute import reshard_cost
 
 __all__ = ["conv_out_size", "pool_out_size", "conv2d", "conv2d_grad", "pool2d", "pool2d_grad",
-           "pad", "pad_grad", "pool2d_out_hw", "Window", "halo_plan", "HaloPlan"]
+           "pad", "pad_grad", "pool2d_out_hw", "Window", "halo_plan", "HaloPlan",
+           "merge_spatial"]
 
 
 def conv_out_size(n: int, k: int, stride: int, pad0: int, pad1: int, dilation: int) -> int:
@@ -83,13 +86,11 @@ def _conv_out_shape(op: str, x: TensorMeta, w: TensorMeta, attrs: Mapping[str, A
     return (n, o, ho, wo)
 
 
-def _conv_notations(attrs: Mapping[str, Any], x: TensorMeta):
-    """x, weight and out notations: channels are labels only without groups, H and W where x
-    is spatially sharded."""
+def _conv_notations(attrs: Mapping[str, Any]):
+    """``(h, w) -> [x, weight, out]`` notations: channels are labels only without groups."""
     grouped = int(attrs.get("groups", 1)) != 1
     c, o = (None, None) if grouped else ("c", "o")
-    h, w = spatial_labels(x)
-    return ["n", c, h, w], [o, c, None, None], ["n", o, h, w]
+    return lambda h, w: [["n", c, h, w], [o, c, None, None], ["n", o, h, w]]
 
 
 @register_rule("conv2d")
@@ -105,9 +106,8 @@ def conv2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     x, w = metas
     mesh = mesh_shape_of(op, metas)
     out_shape = _conv_out_shape(op, x, w, attrs)
-    xn, wn, on = _conv_notations(attrs, x)
-    merged = merge_shardings([xn, wn], [x.dist_attr, w.dist_attr], shapes=[x.shape, w.shape])
-    check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)
+    merged, (xn, wn, on) = merge_spatial(metas, _conv_notations(attrs), lambda merged: (
+        check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)))
     partial = [(m, ReduceType.SUM) for m in merged.get("c", ())]
     return SpmdResult((layout(xn, merged, mesh), layout(wn, merged, mesh)),
                       (TensorMeta(out_shape, layout(on, merged, mesh, partial)),))
@@ -125,10 +125,8 @@ def conv2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     out_shape = _conv_out_shape(op, x, w, attrs)
     if dout.shape != out_shape:
         raise ValueError(f"{op}: dout has shape {list(dout.shape)}, expected {list(out_shape)}")
-    xn, wn, on = _conv_notations(attrs, x)
-    merged = merge_shardings([xn, wn, on], [m.dist_attr for m in metas],
-                             shapes=[m.shape for m in metas])
-    check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)
+    merged, (xn, wn, on) = merge_spatial(metas, _conv_notations(attrs), lambda merged: (
+        check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)))
     dx_partial = [(m, ReduceType.SUM) for m in merged.get("o", ())]
     dw_partial = [(m, ReduceType.SUM) for lab in ("n", "h", "w") for m in merged.get(lab, ())]
     return SpmdResult(tuple(layout(n, merged, mesh) for n in (xn, wn, on)),
@@ -136,8 +134,6 @@ def conv2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
                        TensorMeta(w.shape, layout(wn, merged, mesh, dw_partial))))
 
 
-def _pool_notation(x: TensorMeta, attrs: Mapping[str, Any]) -> list:
-    return ["n", "c", *spatial_labels(x, bool(attrs.get("spatial")))]
 
 
 def _check_pool_spatial(op, x, attrs, out_hw, merged) -> None:
@@ -156,9 +152,10 @@ def pool2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     check_ndim(op, "x", x, (4,))
     mesh = mesh_shape_of(op, metas)
     ho, wo = pool2d_out_hw(op, x.shape[2:], attrs)
-    notation = _pool_notation(x, attrs)
-    merged = merge_shardings([notation], [x.dist_attr], shapes=[x.shape])
-    _check_pool_spatial(op, x, attrs, (ho, wo), merged)
+    merged, (notation,) = merge_spatial(
+        metas, lambda h, w: [["n", "c", h, w]],
+        lambda merged: _check_pool_spatial(op, x, attrs, (ho, wo), merged),
+        bool(attrs.get("spatial")))
     xa = layout(notation, merged, mesh)
     return SpmdResult((xa,), (TensorMeta((*x.shape[:2], ho, wo), xa),))
 
@@ -176,10 +173,10 @@ def pool2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     want = (*x.shape[:2], *out_hw)
     if dout.shape != want:
         raise ValueError(f"{op}: dout has shape {list(dout.shape)}, expected {list(want)}")
-    notation = _pool_notation(x, attrs)
-    merged = merge_shardings([notation, notation], [x.dist_attr, dout.dist_attr],
-                             shapes=[x.shape, dout.shape])
-    _check_pool_spatial(op, x, attrs, out_hw, merged)
+    merged, (notation, _) = merge_spatial(
+        metas, lambda h, w: [["n", "c", h, w]] * 2,
+        lambda merged: _check_pool_spatial(op, x, attrs, out_hw, merged),
+        bool(attrs.get("spatial")))
     xa, ga = layout(notation, merged, mesh), layout(notation, merged, mesh)
     return SpmdResult((xa, ga), (TensorMeta(x.shape, xa),))
 
@@ -316,11 +313,57 @@ def _windows_of(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequen
                  for i in range(2))
 
 
-def spatial_labels(x: TensorMeta, allowed: bool = True) -> tuple[Any, Any]:
-    """The notation labels of H and W: ``"h"``/``"w"`` where x is sharded there by one mesh
-    dim (and spatial sharding is ``allowed``), else None (the axis is gathered)."""
-    return tuple(label if allowed and len(x.dist_attr.dims_mapping[2 + i]) == 1 else None
-                 for i, label in ((0, "h"), (1, "w")))
+def _bind(attr: DistAttr, notation: Sequence[Any], label: Any, m: int) -> DistAttr:
+    """``attr`` with the dim labelled ``label`` sharded by mesh dim ``m`` alone (a hint for
+    :func:`merge_shardings`; costs are taken from the real layouts)."""
+    dims = [tuple(d for d in dm if d != m) for dm in attr.dims_mapping]
+    for i, lab in enumerate(notation):
+        if lab == label:
+            dims[i] = (m,)
+    return DistAttr(attr.mesh_shape, tuple(dims), tuple(p for p in attr.partial if p[0] != m))
+
+
+def merge_spatial(metas: Sequence[TensorMeta], notations_of: Callable[[Any, Any], list],
+                  check: Callable[[dict], None], allowed: bool = True) -> tuple[dict, list]:
+    """(merged map, notations) at the fewest moved bytes over the spatial choices: H and W
+    (labels ``"h"``, ``"w"``) each sharded by one mesh dim or gathered (label None).
+    ``notations_of(h, w)`` gives every input's notation; ``check(merged)`` raises where a
+    halo does not fit: an error when x itself is so sharded (the first choice tried), else
+    that choice is skipped."""
+    x = metas[0]
+    mesh = x.dist_attr.mesh_shape
+    options = []
+    for dm in x.dist_attr.dims_mapping[2:]:
+        own = list(dm[:1]) if allowed else []
+        rest = [m for m in range(len(mesh)) if m not in own] if allowed else []
+        options.append(own + [None] + rest)
+    best = None
+    for k, pick in enumerate(itertools.product(*options)):
+        labels = [None if m is None else lab for m, lab in zip(pick, "hw")]
+        notations = notations_of(*labels)
+        if pick[0] is not None and pick[0] == pick[1]:
+            continue
+        attrs = []
+        for meta, notation in zip(metas, notations):
+            a = meta.dist_attr
+            for m, lab in zip(pick, labels):
+                if m is not None:
+                    a = _bind(a, notation, lab, m)
+            attrs.append(a)
+        merged = merge_shardings(notations, attrs, shapes=[m.shape for m in metas])
+        if any(m is not None and merged.get(lab) != (m,) for m, lab in zip(pick, labels)):
+            continue
+        try:
+            check(merged)
+        except ValueError:
+            if k == 0:
+                raise
+            continue
+        cost = sum(reshard_cost(m.shape, 1, m.dist_attr, layout(n, merged, mesh))
+                   for m, n in zip(metas, notations))
+        if best is None or cost < best[0]:
+            best = (cost, merged, notations)
+    return best[1], best[2]
 
 
 def check_spatial(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequence[int],
