@@ -1,9 +1,11 @@
 """Train a ResNet-18-shaped network (BasicBlocks, Paddle API) on synthetic images, data
 parallel: the batch is sharded over every rank, the weights replicated (their gradients are
-all-reduced), batch norm all-reduces its statistics.
+all-reduced), batch norm all-reduces its statistics. ``--spatial`` shards the images' height
+over the ranks instead: convolutions and max pooling exchange halos with their neighbours.
 
     mpirun -n 4 python examples/resnet.py               # data parallel on 4 ranks
     mpirun -n 4 python examples/resnet.py --to-static   # each step a captured program
+    mpirun -n 4 python examples/resnet.py --spatial --image-size 64   # H over the 4 ranks
     python examples/resnet.py --dense                   # plain dense tensors, no mesh
 
 Prints the loss and images/s; the loss curve does not depend on the number of ranks
@@ -90,10 +92,13 @@ def build(args, mesh: dt.ProcessMesh | None):
     return model, opt, batches
 
 
-def to_tensors(xb, yb, mesh):
+def to_tensors(xb, yb, mesh, spatial: bool = False):
+    """A batch: sharded on the batch (or with ``spatial`` the images' H) over the mesh."""
     x, y = dt.to_tensor(xb), dt.to_tensor(yb)
     if mesh is None:
         return x, y
+    if spatial:
+        return dt.shard_tensor(x, mesh, [Shard(2)]), dt.shard_tensor(y, mesh, [Replicate()])
     return dt.shard_tensor(x, mesh, [Shard(0)]), dt.shard_tensor(y, mesh, [Shard(0)])
 
 
@@ -112,7 +117,7 @@ def train(args, mesh: dt.ProcessMesh | None) -> list[float]:
     t_start = time.perf_counter()
     for k in range(1, args.steps + 1):
         t0 = time.perf_counter()
-        loss = float(step(*to_tensors(*batches[(k - 1) % 4], mesh)).numpy())
+        loss = float(step(*to_tensors(*batches[(k - 1) % 4], mesh, args.spatial)).numpy())
         losses.append(loss)
         took = time.perf_counter() - t0
         if rank0 and (k % args.log_interval == 0 or k == 1):
@@ -129,6 +134,8 @@ def main(argv=None) -> list[float]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dense", action="store_true", help="no mesh: plain dense tensors")
     p.add_argument("--to-static", action="store_true", help="capture each step into a program")
+    p.add_argument("--spatial", action="store_true",
+                   help="shard the images' H over the ranks instead of the batch")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=16, help="global batch")
     p.add_argument("--image-size", type=int, default=32)
@@ -142,8 +149,8 @@ def main(argv=None) -> list[float]:
     p.add_argument("--log-interval", type=int, default=5)
     args = p.parse_args(argv)
     dt.init_parallel_env()
-    mesh = None if args.dense else \
-        dt.ProcessMesh(list(range(dt.get_world_size())), dim_names=["dp"])
+    mesh = None if args.dense else dt.ProcessMesh(list(range(dt.get_world_size())),
+                                                  dim_names=["h" if args.spatial else "dp"])
     return train(args, mesh)
 
 

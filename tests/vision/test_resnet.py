@@ -145,3 +145,12 @@ def test_distributed_run_equals_the_dense_run_and_its_capture(comm):
     np.testing.assert_allclose(dist, dense, rtol=1e-5)
     captured = resnet.main(TINY + ["--steps", "10", "--to-static"])
     assert captured == dist, (captured, dist)
+
+
+@pytest.mark.mpi
+def test_spatially_sharded_run_equals_the_dense_run(comm):
+    common = TINY + ["--image-size", "32", "--steps", "4"]
+    dense = resnet.main(common + ["--dense"])
+    spatial = resnet.main(common + ["--spatial"])
+    np.testing.assert_allclose(spatial, dense, rtol=1e-5)
+    assert resnet.main(common + ["--spatial", "--to-static"]) == spatial
