@@ -1,9 +1,14 @@
 """conv2d forward + backward against PyTorch's CPU convolution, in one process with the same
-number of threads.
+number of threads; and a spatially sharded ResNet step against a data-parallel one.
 
     OMP_NUM_THREADS=1 python benchmarks/conv.py [--quick] [--threads 1]
+    OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/conv.py --resnet [--quick]
 
-Prints JSON: for each case (default ``[32, 64, 56, 56]`` float32, 64 output channels, 3x3,
+Prints JSON (rank 0). ``--resnet``: examples/resnet.py's model at the same global batch with
+the batch sharded over the ranks (data parallel) and with the images' H sharded (spatial):
+the median step time and, per rank, the peak bytes numpy allocated during one step beyond
+what was live before it (tracemalloc: activations, gradients, temporaries), the largest over
+the ranks. Without ``--resnet``: for each case (default ``[32, 64, 56, 56]`` float32, 64 output channels, 3x3,
 padding 1; ``--quick``: batch 4) the median times in ms of disttensor's forward, backward
 (``dt.autograd.backward`` with a given output gradient: the input and weight gradients) and
 their sum, the same for ``torch.nn.functional.conv2d``, and ``ratio`` = disttensor / torch
@@ -84,12 +89,71 @@ def bench(shape, out_channels: int, repeat: int) -> dict:
     return res
 
 
+def bench_resnet(quick: bool, steps: int) -> dict:
+    import tracemalloc
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "examples"))
+    import resnet
+    world = dt.get_world_size()
+    size = 64 if quick else 128
+    argv = ["--width", "8", "--image-size", str(size), "--batch", str(2 * world),
+            "--steps", "1", "--log-interval", "1000000"]
+    out = {"world": world, "image_size": size, "global_batch": 2 * world}
+    for name, extra in (("data_parallel", []), ("spatial", ["--spatial"])):
+        ns = resnet.parse_args(argv + extra)
+        mesh = dt.ProcessMesh(list(range(world)), dim_names=["h" if ns.spatial else "dp"])
+        model, opt, batches = resnet.build(ns, mesh)
+
+        def step(x, y):
+            loss = dt.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.clear_grad(set_to_zero=False)
+            return loss
+        x, y = resnet.to_tensors(*batches[0], mesh, ns.spatial)
+        step(x, y).numpy()  # warm-up (optimizer states)
+        times = []
+        for _ in range(steps):
+            dt.barrier()
+            t0 = time.perf_counter()
+            step(x, y).numpy()
+            times.append(time.perf_counter() - t0)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        step(x, y).numpy()
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        peaks = _comm().allgather(peak)
+        out[name] = {"step_ms": round(float(np.median(times)) * 1e3, 1),
+                     "peak_step_bytes_max_rank": int(max(peaks)),
+                     "peak_step_bytes_per_rank": [int(p) for p in peaks]}
+    out["memory_ratio_spatial_to_dp"] = round(out["spatial"]["peak_step_bytes_max_rank"] /
+                                              out["data_parallel"]["peak_step_bytes_max_rank"],
+                                              3)
+    out["time_ratio_spatial_to_dp"] = round(out["spatial"]["step_ms"] /
+                                            out["data_parallel"]["step_ms"], 3)
+    return out
+
+
+def _comm():
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="batch 4 instead of 32")
     p.add_argument("--threads", type=int, default=1, help="threads for both sides")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--resnet", action="store_true",
+                   help="spatial against data-parallel ResNet steps (run under mpiexec)")
     args = p.parse_args(argv)
+    if args.resnet:
+        dt.init_parallel_env()
+        out = {"resnet": bench_resnet(args.quick, args.repeat)}
+        if dt.get_rank() == 0:
+            print(json.dumps(out, indent=1))
+        return out
     try:
         import torch
         torch.set_num_threads(args.threads)

@@ -130,7 +130,7 @@ def train(args, mesh: dt.ProcessMesh | None) -> list[float]:
     return losses
 
 
-def main(argv=None) -> list[float]:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dense", action="store_true", help="no mesh: plain dense tensors")
     p.add_argument("--to-static", action="store_true", help="capture each step into a program")
@@ -147,7 +147,11 @@ def main(argv=None) -> list[float]:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--log-interval", type=int, default=5)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list[float]:
+    args = parse_args(argv)
     dt.init_parallel_env()
     mesh = None if args.dense else dt.ProcessMesh(list(range(dt.get_world_size())),
                                                   dim_names=["h" if args.spatial else "dp"])
