@@ -16,13 +16,12 @@ neighbours hold). Other ops require H and W whole.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .base import SpmdResult, TensorMeta, check_ndim, mesh_shape_of, op_name, register_rule, require
-from .dist_attr import DistAttr, split_range
-from .einsum import layout, merge_shardings
+from .dist_attr import split_range
+from .einsum import assignments, layout, merge_shardings
 from .placement import ReduceType
 from .redistribute import reshard_cost
 
@@ -248,7 +247,7 @@ class HaloPlan:
     """What piece ``r`` does along one axis (local row indices of its own input piece):
     ``fill_before``/``fill_after`` padding rows, ``from_prev``/``from_next`` rows received,
     ``own`` the slice of its piece it keeps, ``to_prev``/``to_next`` the slices it sends;
-    ``out_rows``: the rows of its output piece."""
+    ``out_rows``/``out_start``: the size and global start of its output piece."""
 
     fill_before: int
     from_prev: int
@@ -258,6 +257,7 @@ class HaloPlan:
     to_prev: tuple[int, int]
     to_next: tuple[int, int]
     out_rows: int
+    out_start: int = 0
 
 
 def _overlap(need, a: int, b: int) -> tuple[int, int]:
@@ -282,7 +282,7 @@ def halo_plan(win: Window, parts: int, r: int) -> HaloPlan:
     oa, ob = split_range(win.n_out, parts, r)
     return HaloPlan(fill_before, prev[1] - prev[0], (own[0] - a, own[1] - a), nxt[1] - nxt[0],
                     fill_after, (to_prev[0] - a, to_prev[1] - a), (to_next[0] - a, to_next[1] - a),
-                    ob - oa)
+                    ob - oa, oa)
 
 
 def check_halo(op: str, axis: int, win: Window, parts: int, mesh_dim: int) -> None:
@@ -313,56 +313,37 @@ def _windows_of(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequen
                  for i in range(2))
 
 
-def _bind(attr: DistAttr, notation: Sequence[Any], label: Any, m: int) -> DistAttr:
-    """``attr`` with the dim labelled ``label`` sharded by mesh dim ``m`` alone (a hint for
-    :func:`merge_shardings`; costs are taken from the real layouts)."""
-    dims = [tuple(d for d in dm if d != m) for dm in attr.dims_mapping]
-    for i, lab in enumerate(notation):
-        if lab == label:
-            dims[i] = (m,)
-    return DistAttr(attr.mesh_shape, tuple(dims), tuple(p for p in attr.partial if p[0] != m))
-
-
 def merge_spatial(metas: Sequence[TensorMeta], notations_of: Callable[[Any, Any], list],
                   check: Callable[[dict], None], allowed: bool = True) -> tuple[dict, list]:
-    """(merged map, notations) at the fewest moved bytes over the spatial choices: H and W
-    (labels ``"h"``, ``"w"``) each sharded by one mesh dim or gathered (label None).
-    ``notations_of(h, w)`` gives every input's notation; ``check(merged)`` raises where a
-    halo does not fit: an error when x itself is so sharded (the first choice tried), else
-    that choice is skipped."""
+    """(label -> mesh dims, notations) at the fewest moved bytes over every assignment of the
+    mesh dims to the labels, H and W (labels ``"h"``, ``"w"``; only when ``allowed``) taking
+    at most one mesh dim each; ties go to the inputs' own layouts, then to the map that shards
+    more. ``notations_of(h, w)``
+    gives every input's notation; ``check(merged)`` raises where a halo does not fit: an
+    error when x itself is so sharded, else that map is skipped."""
     x = metas[0]
     mesh = x.dist_attr.mesh_shape
-    options = []
-    for dm in x.dist_attr.dims_mapping[2:]:
-        own = list(dm[:1]) if allowed else []
-        rest = [m for m in range(len(mesh)) if m not in own] if allowed else []
-        options.append(own + [None] + rest)
+    own = {lab: dm for lab, dm in zip("hw", x.dist_attr.dims_mapping[2:]) if len(dm) == 1}
+    if allowed and own:
+        check(own)  # the user's spatial layout: an error, on every rank, when it cannot work
+    spatial = ["h", "w"] if allowed else []
+    labels = list(dict.fromkeys(lab for n in notations_of(*(spatial or [None, None]))
+                                for lab in n if lab is not None))
     best = None
-    for k, pick in enumerate(itertools.product(*options)):
-        labels = [None if m is None else lab for m, lab in zip(pick, "hw")]
-        notations = notations_of(*labels)
-        if pick[0] is not None and pick[0] == pick[1]:
+    for merged in assignments(list(range(len(mesh))), [[None] + labels] * len(mesh)):
+        if any(len(merged.get(lab, ())) > 1 for lab in spatial):
             continue
-        attrs = []
-        for meta, notation in zip(metas, notations):
-            a = meta.dist_attr
-            for m, lab in zip(pick, labels):
-                if m is not None:
-                    a = _bind(a, notation, lab, m)
-            attrs.append(a)
-        merged = merge_shardings(notations, attrs, shapes=[m.shape for m in metas])
-        if any(m is not None and merged.get(lab) != (m,) for m, lab in zip(pick, labels)):
-            continue
+        notations = notations_of(*(lab if lab in merged else None for lab in "hw"))
         try:
             check(merged)
         except ValueError:
-            if k == 0:
-                raise
             continue
-        cost = sum(reshard_cost(m.shape, 1, m.dist_attr, layout(n, merged, mesh))
-                   for m, n in zip(metas, notations))
-        if best is None or cost < best[0]:
-            best = (cost, merged, notations)
+        wanted = [layout(n, merged, mesh) for n in notations]
+        cost = sum(reshard_cost(m.shape, 1, m.dist_attr, a) for m, a in zip(metas, wanted))
+        moves = any(m.dist_attr != a for m, a in zip(metas, wanted))
+        key = (cost, moves, -sum(len(dm) for dm in merged.values()))
+        if best is None or key < best[0]:
+            best = (key, merged, notations)
     return best[1], best[2]
 
 

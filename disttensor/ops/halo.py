@@ -16,14 +16,15 @@ from spmd_rules.conv import Window, halo_plan, pool2d_out_hw
 
 from ..distributed.mesh_groups import group_along
 
-__all__ = ["halo_attrs", "extend", "fold", "out_size", "no_output"]
+__all__ = ["halo_attrs", "extend", "fold", "out_size", "no_output", "extended_shapes"]
 
 
-def halo_attrs(kernel_of):
+def halo_attrs(kernel_of, keep_global: bool = False):
     """``local_attrs`` for an op whose input 0 is x: attrs plus ``halo`` (per sharded spatial
     axis: (axis, mesh dim, :class:`~spmd_rules.conv.HaloPlan`)) and that axis' padding zeroed.
     ``kernel_of(attrs, in_metas)`` gives (kh, kw); the output size comes from ``out_metas``
-    of the forward op or the dout input of a grad op."""
+    of the forward op or the dout input of a grad op. ``keep_global`` also passes the global
+    ``global_hw`` and ``global_padding`` (average pooling's divisors depend on them)."""
     def local(attrs: dict, in_metas, out_metas, coord) -> dict:
         x = in_metas[0]
         if coord is None:
@@ -45,8 +46,21 @@ def halo_attrs(kernel_of):
             pads[2 * i] = pads[2 * i + 1] = 0
         if not halo:
             return attrs
-        return {**attrs, "padding": tuple(pads), "halo": tuple(halo)}
+        extra = {"global_hw": tuple(x.shape[2:]), "global_padding": tuple(attrs["padding"])} \
+            if keep_global else {}
+        return {**attrs, "padding": tuple(pads), "halo": tuple(halo), **extra}
     return local
+
+
+def extended_shapes(shape: Sequence[int], halo: Sequence[Any]) -> tuple[tuple, list]:
+    """The shape :func:`extend` gives a piece of ``shape``, and the shapes before each
+    extension (what it returns besides the data), without exchanging anything."""
+    shapes, shape = [], list(shape)
+    for axis, _, plan in halo:
+        shapes.append(tuple(shape))
+        shape[axis] = plan.fill_before + plan.from_prev + plan.own[1] - plan.own[0] + \
+            plan.from_next + plan.fill_after
+    return tuple(shape), shapes
 
 
 def no_output(halo: Sequence[Any]) -> bool:
@@ -66,21 +80,22 @@ def _conv_out_hw(in_metas, out_metas) -> Sequence[int]:
     return out_metas[0].shape[2:]
 
 
-def _take(xp, x, axis: int, lo: int, hi: int):
+def _take(x, axis: int, lo: int, hi: int):
+    """The view of rows ``lo:hi`` of ``x`` along ``axis``."""
     idx = [slice(None)] * x.ndim
     idx[axis] = slice(lo, hi)
     return x[tuple(idx)]
 
 
-def _shifts(group, xp, axis: int, plan, x, fill_shape):
-    """The rows received from the previous and the next rank (two ring shifts)."""
-    size, r = group.size, group.rank
-    nxt, prev = (r + 1) % size, (r - 1) % size
-    send = xp.ascontiguousarray(_take(xp, x, axis, *plan.to_next))
-    from_prev = group.sendrecv(send, nxt, prev, fill_shape(plan.from_prev))
-    send = xp.ascontiguousarray(_take(xp, x, axis, *plan.to_prev))
-    from_next = group.sendrecv(send, prev, nxt, fill_shape(plan.from_next))
-    return from_prev, from_next
+def _resized(shape: Sequence[int], axis: int, n: int) -> tuple[int, ...]:
+    out = list(shape)
+    out[axis] = n
+    return tuple(out)
+
+
+def _neighbours(group) -> tuple[int, int]:
+    """(next, previous) group ranks on the ring."""
+    return (group.rank + 1) % group.size, (group.rank - 1) % group.size
 
 
 def extend(xp, x, halo: Sequence[Any], ctx, fill: float):
@@ -89,16 +104,16 @@ def extend(xp, x, halo: Sequence[Any], ctx, fill: float):
     before each extension (for :func:`fold`)."""
     shapes = []
     for axis, mesh_dim, plan in halo:
-        def shape(rows, x=x, axis=axis):
-            s = list(x.shape)
-            s[axis] = rows
-            return tuple(s)
         shapes.append(tuple(x.shape))
         group = group_along(ctx.mesh, mesh_dim)
-        from_prev, from_next = _shifts(group, xp, axis, plan, x, shape)
-        parts = [xp.full(shape(plan.fill_before), fill, dtype=x.dtype), from_prev,
-                 _take(xp, x, axis, *plan.own), from_next,
-                 xp.full(shape(plan.fill_after), fill, dtype=x.dtype)]
+        nxt, prev = _neighbours(group)
+        from_prev = group.sendrecv(xp.ascontiguousarray(_take(x, axis, *plan.to_next)), nxt,
+                                   prev, _resized(x.shape, axis, plan.from_prev))
+        from_next = group.sendrecv(xp.ascontiguousarray(_take(x, axis, *plan.to_prev)), prev,
+                                   nxt, _resized(x.shape, axis, plan.from_next))
+        parts = [xp.full(_resized(x.shape, axis, plan.fill_before), fill, dtype=x.dtype),
+                 from_prev, _take(x, axis, *plan.own), from_next,
+                 xp.full(_resized(x.shape, axis, plan.fill_after), fill, dtype=x.dtype)]
         x = xp.concatenate(parts, axis=axis)
     return x, shapes
 
@@ -109,25 +124,17 @@ def fold(xp, dx, halo: Sequence[Any], ctx, piece_shapes: Sequence[tuple]):
     sent back to their owners and added there, the padding rows' dropped."""
     for (axis, mesh_dim, plan), shape in zip(reversed(halo), reversed(piece_shapes)):
         group = group_along(ctx.mesh, mesh_dim)
-        size, r = group.size, group.rank
-        nxt, prev = (r + 1) % size, (r - 1) % size
+        nxt, prev = _neighbours(group)
         prev_rows = (plan.fill_before, plan.fill_before + plan.from_prev)
         own = (prev_rows[1], prev_rows[1] + plan.own[1] - plan.own[0])
         next_rows = (own[1], own[1] + plan.from_next)
-
-        def rows(n, shape=shape, axis=axis):
-            s = list(shape)
-            s[axis] = n
-            return tuple(s)
-        back_prev = xp.ascontiguousarray(_take(xp, dx, axis, *prev_rows))
-        got_next = group.sendrecv(back_prev, prev, nxt,
-                                  rows(plan.to_next[1] - plan.to_next[0]))
-        back_next = xp.ascontiguousarray(_take(xp, dx, axis, *next_rows))
-        got_prev = group.sendrecv(back_next, nxt, prev,
-                                  rows(plan.to_prev[1] - plan.to_prev[0]))
+        got_next = group.sendrecv(xp.ascontiguousarray(_take(dx, axis, *prev_rows)), prev, nxt,
+                                  _resized(shape, axis, plan.to_next[1] - plan.to_next[0]))
+        got_prev = group.sendrecv(xp.ascontiguousarray(_take(dx, axis, *next_rows)), nxt, prev,
+                                  _resized(shape, axis, plan.to_prev[1] - plan.to_prev[0]))
         out = xp.zeros(shape, dtype=dx.dtype)
-        _take(xp, out, axis, *plan.own)[...] += _take(xp, dx, axis, *own)
-        _take(xp, out, axis, *plan.to_next)[...] += got_next
-        _take(xp, out, axis, *plan.to_prev)[...] += got_prev
+        _take(out, axis, *plan.own)[...] += _take(dx, axis, *own)
+        _take(out, axis, *plan.to_next)[...] += got_next
+        _take(out, axis, *plan.to_prev)[...] += got_prev
         dx = out
     return dx

@@ -23,7 +23,7 @@ from ..schema import DENSE_CTX, OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor
 from .conv import col2im, conv_padding, pad_hw, pair, windows
-from .halo import extend, fold, halo_attrs, no_output, out_size
+from .halo import extend, extended_shapes, fold, halo_attrs, no_output, out_size
 from .shape import transpose
 
 __all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
@@ -119,36 +119,55 @@ def _counts(n: int, m: int, k: int, s: int, p0: int, p1: int, exclusive: bool) -
     return np.minimum(end, n) - np.maximum(start, 0) if exclusive else end - start
 
 
-def _divisor(xp, x_shape, attrs, dtype):
-    """The ``[Ho, Wo]`` element counts each window's sum is divided by."""
-    _, (kh, kw), (sh, sw), (ho, wo) = _sweep(x_shape, attrs)
-    pt, pb, pl, pr = attrs["padding"]
-    ex = attrs["exclusive"]
-    ch = _counts(x_shape[2], ho, kh, sh, pt, pb, ex)
-    cw = _counts(x_shape[3], wo, kw, sw, pl, pr, ex)
-    return xp.asarray(np.outer(ch, cw), dtype=dtype)
+def _divisor(xp, x_shape, attrs, dtype, halo=(), global_hw=None, global_padding=None):
+    """The ``[Ho, Wo]`` element counts each window's sum is divided by (of this rank's output
+    rows, from the global geometry, when the axis is spatially sharded)."""
+    _, (kh, kw), (sh, sw), out_hw = _sweep(x_shape, attrs)
+    pads = global_padding or attrs["padding"]
+    sizes = global_hw or x_shape[2:]
+    counts = []
+    for i, (k, s) in enumerate(((kh, sh), (kw, sw))):
+        start = next((p.out_start for a, _, p in halo if a == 2 + i), 0)
+        counts.append(_counts(sizes[i], start + out_hw[i], k, s, pads[2 * i], pads[2 * i + 1],
+                              attrs["exclusive"])[start:])
+    return xp.asarray(np.outer(*counts), dtype=dtype)
 
 
-def _avg_pool2d_kernel(xp, x, kernel_size, stride, padding, ceil_mode, exclusive):
+def _avg_pool2d_kernel(xp, x, kernel_size, stride, padding, ceil_mode, exclusive, halo=(),
+                       global_hw=None, global_padding=None, ctx=DENSE_CTX):
     attrs = _window(kernel_size, stride, padding, ceil_mode, exclusive)
+    if halo:  # H / W spatially sharded: the rows the output reads, from the neighbours
+        x = extend(xp, x, halo, ctx, 0.0)[0]
+        if no_output(halo):
+            return xp.zeros(_empty_out(x.shape, kernel_size, stride, padding, ceil_mode, halo),
+                            dtype=x.dtype)
     pads, kernel, strides, out_hw = _sweep(x.shape, attrs)
     win = windows(xp, pad_hw(xp, x, pads, 0), kernel, strides, (1, 1), out_hw)
     out = win.sum(axis=(2, 3))
-    out /= _divisor(xp, x.shape, attrs, out.dtype)
+    out /= _divisor(xp, x.shape, attrs, out.dtype, halo, global_hw, global_padding)
     return out
 
 
-def _avg_pool2d_grad_kernel(xp, x, dout, kernel_size, stride, padding, ceil_mode, exclusive):
+def _avg_pool2d_grad_kernel(xp, x, dout, kernel_size, stride, padding, ceil_mode, exclusive,
+                            halo=(), global_hw=None, global_padding=None, ctx=DENSE_CTX):
     attrs = _window(kernel_size, stride, padding, ceil_mode, exclusive)
-    pads, kernel, strides, out_hw = _sweep(x.shape, attrs)
-    share = dout / _divisor(xp, x.shape, attrs, dout.dtype)
-    return xp.ascontiguousarray(col2im(xp, lambda i, j: share, x.shape, pads, kernel, strides,
-                                       (1, 1), out_hw, dout.dtype))
+    shape, shapes = extended_shapes(x.shape, halo)
+    if halo and no_output(halo):
+        dx = xp.zeros(shape, dtype=dout.dtype)
+    else:
+        pads, kernel, strides, out_hw = _sweep(shape, attrs)
+        share = dout / _divisor(xp, shape, attrs, dout.dtype, halo, global_hw, global_padding)
+        dx = col2im(xp, lambda i, j: share, shape, pads, kernel, strides, (1, 1), out_hw,
+                    dout.dtype)
+    return xp.ascontiguousarray(fold(xp, dx, halo, ctx, shapes) if halo else dx)
 
 
-register("avg_pool2d_grad", _avg_pool2d_grad_kernel, rule="pool2d_grad", dtype=same_dtype(1))
+_avg_halo = halo_attrs(lambda attrs, metas: attrs["kernel_size"], keep_global=True)
+register("avg_pool2d_grad", _avg_pool2d_grad_kernel, rule="pool2d_grad", dtype=same_dtype(1),
+         needs_ctx=True, local_attrs=_avg_halo, rule_attrs={"spatial": True})
 register("avg_pool2d", _avg_pool2d_kernel, backward=_pool_bwd("avg_pool2d_grad"),
-         rule="pool2d", save_inputs=(0,), no_need_buffer=(0,), dtype=_SAME)
+         rule="pool2d", save_inputs=(0,), no_need_buffer=(0,), dtype=_SAME, needs_ctx=True,
+         local_attrs=_avg_halo, rule_attrs={"spatial": True})
 
 
 # -- separable resampling: adaptive average pooling, interpolation ------------------------------

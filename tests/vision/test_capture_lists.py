@@ -117,8 +117,8 @@ def _draw(rng, shape):
     return fwd, perm, lambda a, g: unperm(g)
 
 
-def _program(seed, mesh):
-    rng = np.random.default_rng(seed)
+def _program(index, mesh):
+    rng = np.random.default_rng(index)
     shape = tuple(int(v) for v in rng.integers(1, 6, 2))
     xa = rng.standard_normal(shape)
     wa = rng.standard_normal(shape[1])
@@ -166,28 +166,28 @@ def _numpy(xa, wa, ga, links):
     return (hs[-1] * ga).sum(), g * wa, (g * xa).sum(0)
 
 
-def _check(seed, mesh):
-    xa, wa, ga, links, layout = _program(seed, mesh)
+def _check(index, mesh):
+    xa, wa, ga, links, layout = _program(index, mesh)
     eager = _run(xa, wa, ga, links, layout, mesh, False)
     captured = _run(xa, wa, ga, links, layout, mesh, True)
     for e, c in zip(eager, captured):
         for a, b in zip(e, c):
-            np.testing.assert_array_equal(a, b, err_msg=f"program {seed}: captured != eager")
+            np.testing.assert_array_equal(a, b, err_msg=f"program {index}: captured != eager")
     for a, b in zip(eager[0], _numpy(xa, wa, ga, links)):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10, err_msg=f"program {seed}")
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10, err_msg=f"program {index}")
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_random_list_programs_dense(seed):
-    _check(seed, None)
+@pytest.mark.parametrize("index", range(12))
+def test_random_list_programs_dense(index):
+    _check(index, None)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("seed", range(8))
-def test_random_list_programs_on_a_mesh(seed):
+@pytest.mark.parametrize("index", range(8))
+def test_random_list_programs_on_a_mesh(index):
     world = dt.get_world_size()
     mesh = dt.ProcessMesh([[0, 1], [2, 3]]) if world == 4 else dt.ProcessMesh(list(range(world)))
-    _check(seed, mesh)
+    _check(index, mesh)
 
 
 # -- a ResNet-shaped step written without conv ops (stack of 49, then of 9 windows) -------------

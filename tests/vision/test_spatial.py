@@ -1,4 +1,4 @@
-"""Spatial sharding: conv2d and max_pool2d on inputs sharded on H (1-D mesh) or on H and W
+"""Spatial sharding: conv2d, max_pool2d and avg_pool2d on inputs sharded on H (1-D mesh) or on H and W
 (2 x 2 mesh), uneven heights, kernels 3 and 5, strides 1 and 2, dilation 2: values and
 gradients equal numpy, the output keeps the spatial shards, and the only collectives are the
 neighbours' sendrecv (x is never all-gathered)."""
@@ -15,8 +15,8 @@ import disttensor as dt
 from disttensor.nn import functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "distributed"))
-from references_vision import (_conv2d, _conv2d_grad, _max_pool2d,  # noqa: E402
-                               _max_pool2d_grad)
+from references_vision import (_avg_pool2d, _avg_pool2d_grad, _conv2d,  # noqa: E402
+                               _conv2d_grad, _max_pool2d, _max_pool2d_grad)
 
 pytestmark = pytest.mark.mpi
 
@@ -71,9 +71,10 @@ def test_spatially_sharded_conv2d_equals_numpy(case, mesh_name):
 
 
 @pytest.mark.parametrize("case", [(11, 7, 3, 2, 1, False), (9, 10, 2, 2, 0, True),
-                                  (13, 9, 3, 1, 1, False)])
+                                  (13, 9, 3, 1, 1, False), (10, 11, 3, 2, 1, True)])
 @pytest.mark.parametrize("mesh_name", ["H", "HxW"])
-def test_spatially_sharded_max_pool_equals_numpy(case, mesh_name):
+@pytest.mark.parametrize("kind", ["max", "avg", "avg_inclusive"])
+def test_spatially_sharded_pooling_equals_numpy(case, mesh_name, kind):
     meshes = dict((n, (m, p)) for n, m, p in _meshes())
     if mesh_name not in meshes:
         pytest.skip("H x W sharding needs 4 ranks")
@@ -81,17 +82,21 @@ def test_spatially_sharded_max_pool_equals_numpy(case, mesh_name):
     h, w, k, s, p, ceil = case
     rng = np.random.default_rng(h * 10 + w)
     x = (rng.permutation(2 * 3 * h * w) * 0.37).reshape(2, 3, h, w)
-    attrs = {"kernel_size": (k, k), "stride": (s, s), "padding": (p,) * 4, "ceil_mode": ceil}
-    want = _max_pool2d([x], attrs, None)[0]
+    attrs = {"kernel_size": (k, k), "stride": (s, s), "padding": (p,) * 4, "ceil_mode": ceil,
+             "exclusive": kind == "avg"}
+    fwd, bwd = (_max_pool2d, _max_pool2d_grad) if kind == "max" else \
+        (_avg_pool2d, _avg_pool2d_grad)
+    want = fwd([x], attrs, None)[0]
     xt = dt.shard_tensor(x, mesh, place, stop_gradient=False)
     collectives.reset_collective_counts()
-    y = F.max_pool2d(xt, k, s, p, ceil_mode=ceil)
+    y = F.max_pool2d(xt, k, s, p, ceil_mode=ceil) if kind == "max" else \
+        F.avg_pool2d(xt, k, s, p, ceil_mode=ceil, exclusive=kind == "avg")
     assert set(_counts()) <= {"sendrecv"}, _counts()
     assert list(y.placements) == place
-    np.testing.assert_array_equal(y.numpy(), want)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-12, atol=1e-12)
     g = rng.standard_normal(want.shape)
     (y * dt.shard_tensor(g, mesh, place)).sum().backward()
-    np.testing.assert_allclose(xt.grad.numpy(), _max_pool2d_grad([x, g], attrs, None)[0],
+    np.testing.assert_allclose(xt.grad.numpy(), bwd([x, g], attrs, None)[0],
                                rtol=1e-12, atol=1e-12)
 
 
