@@ -6,10 +6,13 @@ from ..ops import (add, batch_norm, cross_entropy, dropout, embedding, gelu, lay
                    log_softmax, matmul, mse_loss, one_hot, relu, relu_, sigmoid, silu, softmax,
                    softmax_with_cross_entropy, tanh)
 from ..tensor import Tensor
+from ..ops.attention import scaled_dot_product_attention  # noqa: E402
+from ..ops.norm import rms_norm  # noqa: E402
 
 __all__ = ["relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "softmax", "log_softmax",
            "layer_norm", "batch_norm", "embedding", "cross_entropy", "softmax_with_cross_entropy",
            "mse_loss", "dropout", "one_hot", "linear"]
+__all__ += ["scaled_dot_product_attention", "rms_norm"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, name: str | None = None
