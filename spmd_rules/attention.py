@@ -14,7 +14,8 @@ from typing import Any
 
 from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, prod, register_rule, require
 from .dist_attr import DistAttr
-from .einsum import contracted_partial, layout, merge_shardings
+from .einsum import assignments, contracted_partial, layout, merge_shardings
+from .redistribute import reshard_cost
 
 __all__ = ["attention", "attention_grad", "rotary_embedding", "attention_shapes"]
 
@@ -55,20 +56,28 @@ def _mask_notation(mask: TensorMeta | None) -> list | None:
 
 def _merge(metas: Sequence[TensorMeta | None], notations: list, kv_heads: int,
            mesh: tuple[int, ...]) -> dict:
-    """The label map at the fewest bytes moved, the query's sequence shard kept (key and value
-    are gathered to it, never the query); heads stay sharded under grouped-query attention
-    only where the key/value heads split evenly (so each query head's piece lines up with its
-    key/value head's piece)."""
-    seq = metas[0].dist_attr.dims_mapping[1]
+    """The label map at the fewest bytes moved (a sharded query sequence keeps its shard when
+    that is cheapest: key and value are gathered to it, never the query). Under grouped-query
+    attention heads shard only over mesh dims whose sizes' product divides the key/value heads
+    (so each query head's piece lines up with its key/value head's piece); when the cheapest
+    map breaks that, every map that keeps it is searched."""
     present = [(n, m) for n, m in zip(notations, metas) if m is not None and n is not None]
-    merged = merge_shardings([n for n, _ in present], [m.dist_attr for _, m in present],
-                             exclude=seq, shapes=[m.shape for _, m in present])
-    if seq:
-        merged["s"] = seq
-    h = merged.get("h", ())
-    if h and kv_heads % prod([mesh[m] for m in h]) and metas[0].shape[2] != kv_heads:
-        merged = {lab: dm for lab, dm in merged.items() if lab != "h"}
-    return merged
+    nots, attrs = [n for n, _ in present], [m.dist_attr for _, m in present]
+    shapes = [m.shape for _, m in present]
+    merged = merge_shardings(nots, attrs, shapes=shapes)
+    if _heads_ok(merged, kv_heads, mesh) or metas[0].shape[2] == kv_heads:
+        return merged
+
+    def cost(cand: dict) -> int:
+        return sum(reshard_cost(s, 1, a, layout(n, cand, mesh)) for n, a, s in
+                   zip(nots, attrs, shapes))
+    cands = [c for c in assignments(range(len(mesh)), [[None, "b", "s", "h"]] * len(mesh))
+             if _heads_ok(c, kv_heads, mesh)]
+    return min(cands, key=lambda c: (cost(c), -sum(len(d) for d in c.values())))
+
+
+def _heads_ok(merged: dict, kv_heads: int, mesh: tuple[int, ...]) -> bool:
+    return kv_heads % prod([mesh[m] for m in merged.get("h", ())]) == 0
 
 
 @register_rule("attention")

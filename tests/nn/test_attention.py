@@ -268,13 +268,13 @@ def test_attention_rule_layouts():
         before = collectives.collective_counts()
         out = F.scaled_dot_product_attention(*heads, is_causal=True)
         assert _moved(before) == {} and out.placements == [Shard(2)]
-        seq = [dt.shard_tensor(a, mesh, [Shard(1)]) for a in (q, k, v)]
+        seq_q = dt.shard_tensor(q, mesh, [Shard(1)])
         before = collectives.collective_counts()
-        out2 = F.scaled_dot_product_attention(*seq, is_causal=True)
+        out2 = F.scaled_dot_product_attention(seq_q, *heads[1:], is_causal=True)
         moved = _moved(before)
-        assert out2.placements == [Shard(1)]
-        if dt.get_world_size() > 1:
-            assert moved == {"all_gather": 2}, moved  # key and value
+        assert out2.placements == [Shard(1)]  # the query's sequence shard is kept
+        if dt.get_world_size() > 1:  # key and value gathered from their head shards
+            assert moved == {"all_gather": 2}, moved
         part = dt.dtensor_from_local(q / dt.get_world_size(), mesh, [Partial()])
         out3 = F.scaled_dot_product_attention(part, *heads[1:], is_causal=True)
         for o in (out, out2, out3):
