@@ -56,12 +56,17 @@ def _mask_notation(mask: TensorMeta | None) -> list | None:
 
 def _merge(metas: Sequence[TensorMeta | None], notations: list, kv_heads: int,
            mesh: tuple[int, ...]) -> dict:
-    """The label map at the fewest bytes moved (a sharded query sequence keeps its shard when
-    that is cheapest: key and value are gathered to it, never the query). Under grouped-query
+    """The label map at the fewest bytes moved: a sharded query sequence keeps its shard and
+    key/value are gathered to it, unless moving that mesh dim to batch or heads by an
+    all-to-all moves fewer bytes; batch, sequence or heads of size 1 are never sharded (one
+    rank would do all the work). Under grouped-query
     attention heads shard only over mesh dims whose sizes' product divides the key/value heads
     (so each query head's piece lines up with its key/value head's piece); when the cheapest
     map breaks that, every map that keeps it is searched."""
-    present = [(n, m) for n, m in zip(notations, metas) if m is not None and n is not None]
+    q = metas[0].shape
+    single = {lab for lab, n in (("b", q[0]), ("s", q[1]), ("h", q[2])) if n == 1}
+    present = [([None if lab in single else lab for lab in n], m)
+               for n, m in zip(notations, metas) if m is not None and n is not None]
     nots, attrs = [n for n, _ in present], [m.dist_attr for _, m in present]
     shapes = [m.shape for _, m in present]
     merged = merge_shardings(nots, attrs, shapes=shapes)
@@ -71,7 +76,8 @@ def _merge(metas: Sequence[TensorMeta | None], notations: list, kv_heads: int,
     def cost(cand: dict) -> int:
         return sum(reshard_cost(s, 1, a, layout(n, cand, mesh)) for n, a, s in
                    zip(nots, attrs, shapes))
-    cands = [c for c in assignments(range(len(mesh)), [[None, "b", "s", "h"]] * len(mesh))
+    labels = [None] + [lab for lab in ("b", "s", "h") if lab not in single]
+    cands = [c for c in assignments(range(len(mesh)), [labels] * len(mesh))
              if _heads_ok(c, kv_heads, mesh)]
     return min(cands, key=lambda c: (cost(c), -sum(len(d) for d in c.values())))
 

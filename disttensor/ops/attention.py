@@ -26,6 +26,7 @@ from ..dispatch import apply
 from ..generator import default_generator
 from ..schema import OPS, DtypeMismatch, public, register
 from ..tensor import Tensor
+from . import fast
 from .common import as_tensor
 from .random import keep_mask
 
@@ -114,6 +115,34 @@ class _Blocks:
                                 dtype=self.dtype)
 
 
+def _softmax_block_np(xp, s, m, lsum):
+    """One key block of the online softmax, in place: the running row max ``m`` takes the
+    block's, ``s = exp(s - shift)`` (shift 0 while a row has no kept key), ``lsum`` is rescaled
+    by ``alpha = exp(m_old - shift)`` and gains the block's row sums; returns alpha."""
+    m_new = xp.maximum(m, s.max(axis=-1))
+    shift = xp.where(xp.isinf(m_new), 0.0, m_new).astype(s.dtype, copy=False)
+    s -= shift[..., None]
+    xp.exp(s, out=s)
+    alpha = xp.exp(m - shift)
+    lsum *= alpha
+    lsum += s.sum(axis=-1)
+    m[...] = m_new
+    return alpha
+
+
+def _grad_block_np(xp, p, dp, lse, delta):
+    """One key block of the backward, in place: ``p = exp(p - lse)`` (the probabilities of the
+    masked scores), ``dp = p * (dp - delta)`` (the scores' gradient before the scale)."""
+    p -= lse[..., None]
+    xp.exp(p, out=p)
+    dp -= delta[..., None]
+    dp *= p
+
+
+_softmax_block = fast.attention_softmax(_softmax_block_np)
+_grad_block = fast.attention_grad_rows(_grad_block_np)
+
+
 def _attention_kernel(xp, q, k, v, mask, is_causal, dropout_p, seed, scale, ctx):
     """(out ``[b, sq, h, dv]``, lse ``[b, h, sq]``, seed) by an online softmax over key blocks."""
     if dropout_p and seed is None:
@@ -131,19 +160,12 @@ def _attention_kernel(xp, q, k, v, mask, is_causal, dropout_p, seed, scale, ctx)
     for k0, k1 in blocks.ranges():
         s = qg @ kt[:, :, k0:k1].swapaxes(-1, -2)
         blocks.add_masks(s, k0, k1)
-        m_new = xp.maximum(m, s.max(axis=-1))
-        shift = xp.where(xp.isinf(m_new), 0.0, m_new).astype(q.dtype, copy=False)
-        s -= shift[..., None]
-        xp.exp(s, out=s)
-        alpha = xp.exp(m - shift)
-        lsum *= alpha
-        lsum += s.sum(axis=-1)
+        alpha = _softmax_block(xp, s, m, lsum)
         drop = blocks.dropout(k0, k1)
         if drop is not None:
             s *= drop
         acc *= alpha[..., None]
         acc += s @ vt[:, :, k0:k1]
-        m = m_new
     empty = lsum == 0
     acc /= xp.where(empty, 1.0, lsum)[..., None]
     with np.errstate(divide="ignore"):
@@ -174,17 +196,12 @@ def _attention_grad_kernel(xp, q, k, v, mask, out, lse, seed, dout, is_causal, d
         kb, vb = kt[:, :, k0:k1], vt[:, :, k0:k1]
         p = qg @ kb.swapaxes(-1, -2)
         blocks.add_masks(p, k0, k1)
-        p -= lse_g[..., None]
-        xp.exp(p, out=p)
         dp = dog @ vb.swapaxes(-1, -2)
         drop = blocks.dropout(k0, k1)
-        if drop is None:
-            dv[:, :, k0:k1] = p.swapaxes(-1, -2) @ dog
-        else:
-            dv[:, :, k0:k1] = (p * drop).swapaxes(-1, -2) @ dog
+        if drop is not None:
             dp *= drop
-        dp -= delta[..., None]
-        dp *= p
+        _grad_block(xp, p, dp, lse_g, delta)  # p: probabilities, dp: score gradients
+        dv[:, :, k0:k1] = (p if drop is None else p * drop).swapaxes(-1, -2) @ dog
         dqg += dp @ kb
         dk[:, :, k0:k1] = dp.swapaxes(-1, -2) @ qg
     dqg *= scale

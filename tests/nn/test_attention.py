@@ -217,6 +217,63 @@ def test_multi_head_attention_layer():
         dt.nn.MultiHeadAttention(16, 4, need_weights=True)
 
 
+_COMPILED = pytest.mark.skipif(attention_ops.fast.BACKEND != "numba",
+                               reason="compiled kernels not chosen")
+
+
+@_COMPILED
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_block_passes_match_numpy(dtype):
+    """The numba row passes of a key block against the numpy ones, masked rows included."""
+    rng = np.random.default_rng(12)
+    s = rng.standard_normal((2, 3, 5, 20)).astype(dtype)
+    s[rng.random(s.shape) < 0.3] = -np.inf
+    s[0, 1, 2] = -np.inf  # a row with no kept key in this block
+    m = np.where(rng.random((2, 3, 5)) < 0.5, -np.inf, rng.standard_normal((2, 3, 5))
+                 ).astype(dtype)
+    m[0, 1, 2] = -np.inf  # ... nor in the earlier ones
+    lsum = np.where(np.isinf(m), 0, rng.uniform(1, 3, m.shape)).astype(dtype)
+    got = [a.copy() for a in (s, m, lsum)]
+    want = [a.copy() for a in (s, m, lsum)]
+    alpha = attention_ops._softmax_block(np, *got)
+    alpha_np = attention_ops._softmax_block_np(np, *want)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-15)
+    for g, w in zip(got + [alpha], want + [alpha_np]):
+        np.testing.assert_allclose(g, w, **tol)
+    lse = np.where(rng.random(m.shape) < 0.2, np.inf, rng.uniform(0, 2, m.shape)).astype(dtype)
+    delta = rng.standard_normal(m.shape).astype(dtype)
+    dp = rng.standard_normal(s.shape).astype(dtype)
+    p1, d1, p2, d2 = s.copy(), dp.copy(), s.copy(), dp.copy()
+    attention_ops._grad_block(np, p1, d1, lse, delta)
+    attention_ops._grad_block_np(np, p2, d2, lse, delta)
+    np.testing.assert_allclose(p1, p2, **tol)
+    np.testing.assert_allclose(d1, d2, **tol)
+
+
+@_COMPILED
+@pytest.mark.parametrize("name", ["attention_softmax", "attention_grad_rows"])
+def test_compiled_attention_loops_stay_in_float32(name):
+    """No double arithmetic in the float32 loops (compiled afresh: cached code has no IR)."""
+    import re
+
+    import numba
+
+    from disttensor.ops import numba_loops
+
+    fn = numba.njit(fastmath=numba_loops._SUMS, error_model="numpy")(
+        getattr(numba_loops, name).py_func)
+    a, v = np.ones((4, 8), np.float32), np.ones(4, np.float32)
+    if name == "attention_grad_rows":
+        fn(a, a.copy(), v, v.copy())
+    else:
+        fn(a, v, v.copy(), v.copy())
+    ir = "\n".join(fn.inspect_llvm().values())
+    doubles = [ln.strip() for ln in ir.splitlines()
+               if re.search(r"= (fadd|fsub|fmul|fdiv|fpext)\b.* (double|float) ", ln)
+               and re.search(r"\bdouble\b", ln)]
+    assert not doubles, doubles[:5]
+
+
 # -- distributed --------------------------------------------------------------------------------
 
 def _world_mesh():
@@ -257,8 +314,9 @@ def test_attention_distributed_equals_dense_with_dropout(placements):
 
 @pytest.mark.mpi
 def test_attention_rule_layouts():
-    """Heads (and batch) sharded: no communication; a sharded query sequence gathers key and
-    value (never the query); Partial inputs are reduced first."""
+    """Heads sharded: no communication; a sequence-sharded query keeps its shard (key and value
+    replicated: no communication; sequence-sharded with batch and heads of size 1: key and
+    value gathered); Partial inputs are reduced first."""
     mesh = _world_mesh()
     rng = np.random.default_rng(8)
     q, k, v, _ = _inputs(rng, b=2, sq=8, sk=8, h=4, hk=4)
@@ -269,12 +327,22 @@ def test_attention_rule_layouts():
         out = F.scaled_dot_product_attention(*heads, is_causal=True)
         assert _moved(before) == {} and out.placements == [Shard(2)]
         seq_q = dt.shard_tensor(q, mesh, [Shard(1)])
+        rep = [dt.shard_tensor(a, mesh, [Replicate()]) for a in (k, v)]
         before = collectives.collective_counts()
-        out2 = F.scaled_dot_product_attention(seq_q, *heads[1:], is_causal=True)
+        out2 = F.scaled_dot_product_attention(seq_q, *rep, is_causal=True)
+        assert _moved(before) == {} and out2.placements == [Shard(1)]
+        # batch and heads of size 1: a sequence-sharded query keeps its shard, key and value
+        # are gathered
+        q1, k1, v1 = (dt.shard_tensor(a[:1, :, :1], mesh, [Shard(1)]) for a in (q, k, v))
+        before = collectives.collective_counts()
+        out4 = F.scaled_dot_product_attention(q1, k1, v1, is_causal=True)
         moved = _moved(before)
-        assert out2.placements == [Shard(1)]  # the query's sequence shard is kept
-        if dt.get_world_size() > 1:  # key and value gathered from their head shards
+        assert out4.placements == [Shard(1)]
+        if dt.get_world_size() > 1:
             assert moved == {"all_gather": 2}, moved
+        np.testing.assert_allclose(out4.numpy(), _attention_ref(
+            q[:1, :, :1], k[:1, :, :1], v[:1, :, :1], causal=True, dout=q[:1, :, :1])[0],
+            rtol=1e-12)
         part = dt.dtensor_from_local(q / dt.get_world_size(), mesh, [Partial()])
         out3 = F.scaled_dot_product_attention(part, *heads[1:], is_causal=True)
         for o in (out, out2, out3):
