@@ -408,3 +408,37 @@ def test_attention_bad_input_raises_on_every_rank(what, qs, ks, ms, msg):
     assert _moved(before) == {}  # raised before any communication
     # every rank is still in step: a collective right after completes
     np.testing.assert_allclose(dt.sum(q).numpy(), float(np.sum(q.numpy())))
+
+
+def test_coverage_report_has_no_fallback_for_transformer_ops():
+    report = dt.coverage_report()
+    ops = {"scaled_dot_product_attention", "scaled_dot_product_attention_grad", "rms_norm",
+           "rms_norm_grad", "rotary_embedding", "swiglu", "swiglu_grad"}
+    assert ops <= set(report["rule"]) and not ops & set(report["fallback"])
+
+
+@pytest.mark.mpi
+def test_multi_head_attention_megatron_layout_gathers_no_weight():
+    """q/k/v projections column-parallel, the output projection row-parallel: heads are split
+    over the ranks, attention runs on them with no communication, the block's only collective
+    is the output's all-reduce; values equal the dense layer's."""
+    mesh = _world_mesh()
+    dt.seed(1)
+    mha = dt.nn.MultiHeadAttention(24, 12)
+    x = np.random.default_rng(13).standard_normal((2, 5, 24)).astype(np.float32)
+    mask = dt.to_tensor(np.tril(np.ones((5, 5), bool)))
+    dense = mha(dt.to_tensor(x), attn_mask=mask).numpy()
+    for proj in (mha.q_proj, mha.k_proj, mha.v_proj):
+        proj.weight = dt.shard_tensor(proj.weight, mesh, [Shard(1)])
+        proj.bias = dt.shard_tensor(proj.bias, mesh, [Shard(0)])
+    mha.out_proj.weight = dt.shard_tensor(mha.out_proj.weight, mesh, [Shard(0)])
+    mha.out_proj.bias = dt.shard_tensor(mha.out_proj.bias, mesh, [Replicate()])
+    xd = dt.shard_tensor(x, mesh, [Replicate()])
+    md = dt.shard_tensor(np.tril(np.ones((5, 5), bool)), mesh, [Replicate()])
+    before = collectives.collective_counts()
+    with dt.no_grad():
+        out = mha(xd, attn_mask=md)
+        final = dt.reshard(out, mesh, [Replicate()])
+    moved = _moved(before)
+    assert "all_gather" not in moved and "all_to_all" not in moved, moved
+    np.testing.assert_allclose(final.numpy(), dense, rtol=1e-4, atol=1e-5)
