@@ -17,7 +17,8 @@ from .dist_attr import DistAttr
 from .einsum import assignments, contracted_partial, layout, merge_shardings
 from .redistribute import reshard_cost
 
-__all__ = ["attention", "attention_grad", "rotary_embedding", "attention_shapes"]
+__all__ = ["attention", "attention_grad", "rotary_embedding", "attention_shapes",
+           "rotary_shapes"]
 
 _Q = ["b", "s", "h", None]     # query, output and their grads
 _KV = ["b", None, "h", None]   # key, value: the key sequence is always whole
@@ -131,6 +132,25 @@ def attention_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any])
     return SpmdResult(ins, outs)
 
 
+def rotary_shapes(op: str, x: tuple[int, ...], sin: tuple[int, ...], cos: tuple[int, ...],
+                  pos: tuple[int, ...] | None) -> None:
+    """Validate the shapes of a rotary embedding call; ValueError naming the op and shapes."""
+    if len(x) != 4 or x[3] % 2:
+        raise ValueError(f"{op}: x must be 4-D [batch, seq, heads, head_dim] with an even "
+                         f"head_dim, got {list(x)}")
+    b, s, _, d = x
+    for name, t in (("sin", sin), ("cos", cos)):
+        ok = len(t) == 4 and t[0] == 1 and t[2] == 1 and t[3] == d and \
+            (t[1] == s if pos is None else t[1] >= 1)
+        if not ok:
+            want = f"[1, {s}, 1, {d}]" if pos is None else f"[1, max_position, 1, {d}]"
+            raise ValueError(f"{op}: {name} must have shape {want} for x {list(x)}, got "
+                             f"{list(t)}")
+    if pos is not None and tuple(pos) != (b, s):
+        raise ValueError(f"{op}: position_ids must have shape [{b}, {s}] for x {list(x)}, "
+                         f"got {list(pos)}")
+
+
 @register_rule("rotary_embedding")
 def rotary_embedding(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
     """inputs (x ``[b, s, h, d]``, sin, cos ``[1, s_max, 1, d]``, position_ids ``[b, s]``|None).
@@ -142,18 +162,7 @@ def rotary_embedding(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any
     op = op_name(attrs, "fused_rotary_position_embedding")
     require(metas, op, 4, optional=(3,))
     x, sin, cos, pos = metas
-    if x.ndim != 4:
-        raise ValueError(f"{op}: x must be 4-D [batch, seq, heads, head_dim], got {list(x.shape)}")
-    b, s, _, d = x.shape
-    for name, t in (("sin", sin), ("cos", cos)):
-        ok = t.ndim == 4 and t.shape[0] == 1 and t.shape[2] == 1 and t.shape[3] == d and \
-            (t.shape[1] == s if pos is None else t.shape[1] >= 1)
-        if not ok:
-            raise ValueError(f"{op}: {name} must have shape [1, {s}, 1, {d}] for x "
-                             f"{list(x.shape)}, got {list(t.shape)}")
-    if pos is not None and pos.shape != (b, s):
-        raise ValueError(f"{op}: position_ids must have shape [{b}, {s}] for x {list(x.shape)}, "
-                         f"got {list(pos.shape)}")
+    rotary_shapes(op, x.shape, sin.shape, cos.shape, None if pos is None else pos.shape)
     mesh = mesh_shape_of(op, metas)
     table = [None, "s" if pos is None else None, None, None]
     notations = [["b", "s", "h", None], table, table, ["b", "s"]]

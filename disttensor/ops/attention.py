@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from spmd_rules.attention import attention_shapes
+
 from ..dispatch import apply
 from ..generator import default_generator
 from ..schema import OPS, DtypeMismatch, public, register
@@ -81,7 +83,7 @@ class _Blocks:
 
     def _rows(self, a):
         """A ``[b|1, h|1, sq|1, kb]`` mask block as ``[b|1, hk|1, g * sq|1, kb]``."""
-        b, hk, g, sq = self.shape5
+        _, hk, g, sq = self.shape5
         if a.shape[1] == 1 and a.shape[2] == 1:
             return a
         return self.xp.broadcast_to(a, (a.shape[0], hk * g, sq, a.shape[3])).reshape(
@@ -263,7 +265,6 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                             f"query, got {np.dtype(attn_mask.dtype).name}")
     if isinstance(dropout_p, bool) or not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"{op}: dropout_p must be a number in [0, 1), got {dropout_p!r}")
-    from spmd_rules.attention import attention_shapes
     attention_shapes(op, tuple(query.shape), tuple(key.shape), tuple(value.shape),
                      None if attn_mask is None else tuple(attn_mask.shape))
     p = float(dropout_p) if training else 0.0

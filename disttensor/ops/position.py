@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd_rules.attention import rotary_shapes
+
 from ..dispatch import apply
 from ..schema import OPS, register, same_dtype
 from ..tensor import Tensor
@@ -23,6 +25,8 @@ from .common import as_tensor, check_index_range, constant
 from .shape import reshape
 
 __all__ = ["fused_rotary_position_embedding", "rotary_tables"]
+
+_OP = "fused_rotary_position_embedding"
 
 
 def _rotate(xp, a, neox: bool):
@@ -57,11 +61,11 @@ def _rope_kernel(xp, x, sin, cos, position_ids, neox, transpose, ctx):
 def _rope_bwd(node, g):
     sin, cos, pos = (node.saved_tensor(i) for i in range(3))
     attrs = {**node.attrs, "transpose": not node.attrs["transpose"]}
-    return apply(OPS["rotary_embedding"], (g, sin, cos, pos), attrs), None, None, None
+    return apply(OPS[_OP], (g, sin, cos, pos), attrs), None, None, None
 
 
-register("rotary_embedding", _rope_kernel, backward=_rope_bwd, rule="rotary_embedding",
-         needs_ctx=True, save_inputs=(1, 2, 3), grad_inputs=(0,), dtype=same_dtype(0))
+register(_OP, _rope_kernel, backward=_rope_bwd, rule="rotary_embedding", needs_ctx=True,
+         save_inputs=(1, 2, 3), grad_inputs=(0,), dtype=same_dtype(0))
 
 
 def rotary_tables(seq_len: int, head_dim: int, neox: bool = True, base: float = 10000.0,
@@ -101,7 +105,7 @@ def fused_rotary_position_embedding(q: Tensor, k: Tensor | None = None, v: Tenso
         sin, cos = rotary_tables(8, 16)
         q2, _, _ = fused_rotary_position_embedding(q, sin=sin, cos=cos)
     """
-    op = "fused_rotary_position_embedding"
+    op = _OP
     if time_major:
         raise ValueError(f"{op}: time_major=True is not supported; pass [batch, seq, heads, "
                          "head_dim] tensors")
@@ -111,7 +115,8 @@ def fused_rotary_position_embedding(q: Tensor, k: Tensor | None = None, v: Tenso
                          f"head_dim, got shape {q.shape}")
     ts = [None if t is None else as_tensor(t) for t in (q, k, v)]
     for name, t in zip("qkv", ts):
-        if t is not None and (t.ndim != 4 or t.shape[:2] != q.shape[:2] or t.shape[3] != q.shape[3]):
+        if t is not None and (t.ndim != 4 or t.shape[:2] != q.shape[:2]
+                              or t.shape[3] != q.shape[3]):
             raise ValueError(f"{op}: {name} must have shape [{q.shape[0]}, {q.shape[1]}, heads, "
                              f"{q.shape[3]}] like q, got {t.shape}")
     if (sin is None) != (cos is None):
@@ -128,7 +133,9 @@ def fused_rotary_position_embedding(q: Tensor, k: Tensor | None = None, v: Tenso
     pos = None if position_ids is None else as_tensor(position_ids)
     if pos is not None and np.dtype(pos.dtype).kind not in "iu":
         raise TypeError(f"{op}: position_ids must be integers, got {np.dtype(pos.dtype).name}")
+    for t in ts:
+        if t is not None:
+            rotary_shapes(op, tuple(t.shape), tuple(sin.shape), tuple(cos.shape),
+                          None if pos is None else tuple(pos.shape))
     attrs = {"neox": bool(use_neox_rotary_style), "transpose": False}
-    outs = tuple(None if t is None else apply(OPS["rotary_embedding"], (t, sin, cos, pos), attrs)
-                 for t in ts)
-    return outs
+    return tuple(None if t is None else apply(OPS[_OP], (t, sin, cos, pos), attrs) for t in ts)

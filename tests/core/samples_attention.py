@@ -55,7 +55,7 @@ SAMPLES: dict[str, list] = {
         _attention(2, 4, 6, 2, 1, 2, mask="bool2d", p=0.3, seed=5),  # dropout
     ],
     "rms_norm": [_rms((3, 4), 1), _rms((2, 5, 3), 2), _rms((5, 7), 1, weight=False)],
-    "rotary_embedding": [_rope(2, 5, 3, 4, True), _rope(3, 4, 2, 6, False),
+    "fused_rotary_position_embedding": [_rope(2, 5, 3, 4, True), _rope(3, 4, 2, 6, False),
                          _rope(2, 5, 2, 4, False, pos=True), _rope(1, 3, 2, 4, True, True, True)],
     "swiglu": [lambda rng: ([_n(rng, 5, 7), _n(rng, 5, 7)], {}),
                lambda rng: ([_n(rng, 2, 3, 4), _n(rng, 2, 3, 4)], {})],

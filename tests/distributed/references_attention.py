@@ -33,7 +33,7 @@ def dropout_keep(seed: int, p: float, shape) -> np.ndarray:
 def attention_probs(q, k, mask, is_causal, scale):
     """Scores ``[b, h, sq, sk]`` (float64) after the masks, and their softmax (rows with no
     kept key: zeros)."""
-    b, sq, h, d = q.shape
+    _, sq, h, _ = q.shape
     g = h // k.shape[2]
     kk = np.repeat(np.asarray(k, np.float64), g, axis=2)
     s = np.einsum("bqhd,bkhd->bhqk", np.asarray(q, np.float64), kk) * scale
@@ -63,7 +63,7 @@ def _attention(a, k, o):
 
 
 def _attention_grad(a, k, o):
-    q, key, v, mask, out, lse, seed, dout = a
+    q, key, v, mask, _, _, seed, dout = a
     g = q.shape[2] // key.shape[2]
     p, _ = attention_probs(q, key, mask, k["is_causal"], k["scale"])
     pd = p
@@ -98,7 +98,7 @@ def _rms_norm(a, k, o):
 
 
 def _rms_norm_grad(a, k, o):
-    """The vector-Jacobian product written from d out_j / d x_i = r (w_j δij - w_j x_j x_i r²/n)."""
+    """The vector-Jacobian product from d out_j / d x_i = r w_j (δij - x_j x_i r² / n)."""
     x, w, rstd, dout = a
     b = k["begin_norm_axis"]
     n = int(np.prod(x.shape[b:]))
@@ -142,7 +142,7 @@ REFERENCES = {
     "scaled_dot_product_attention_grad": _attention_grad,
     "rms_norm": _rms_norm,
     "rms_norm_grad": _rms_norm_grad,
-    "rotary_embedding": _rotary,
+    "fused_rotary_position_embedding": _rotary,
     "swiglu": lambda a, k, o: (_silu(a[0]) * a[1],),
     "swiglu_grad": _swiglu_grad,
 }

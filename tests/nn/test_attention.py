@@ -167,12 +167,14 @@ def test_rotary_embedding_styles(neox):
                                                     use_neox_rotary_style=neox)
     assert v2 is None
     if neox:  # the halves: x1 * cos - x2 * sin, x2 * cos + x1 * sin
-        c, s = np.cos(np.outer(np.arange(6), 10000.0 ** (-np.arange(0, 8, 2) / 8)))[None, :, None], \
-            np.sin(np.outer(np.arange(6), 10000.0 ** (-np.arange(0, 8, 2) / 8)))[None, :, None]
-        want = np.concatenate([q[..., :4] * c - q[..., 4:] * s, q[..., 4:] * c + q[..., :4] * s],
-                              -1)
+        ang = np.outer(np.arange(6), 10000.0 ** (-np.arange(0, 8, 2) / 8))[None, :, None]
+        c, s = np.cos(ang), np.sin(ang)
+        rot = lambda x: np.concatenate([x[..., :4] * c - x[..., 4:] * s,  # noqa: E731
+                                        x[..., 4:] * c + x[..., :4] * s], -1)
     else:
-        want = _rope_complex(q, np.arange(6))
+        rot = lambda x: _rope_complex(x, np.arange(6))  # noqa: E731
+    want = rot(q)
+    np.testing.assert_allclose(k2.numpy(), rot(k), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(q2.numpy(), want, rtol=1e-12, atol=1e-12)
     # a rotation: the gradient of sum(q2 * g) is g rotated back
     g = rng.standard_normal(q.shape)
@@ -413,7 +415,7 @@ def test_attention_bad_input_raises_on_every_rank(what, qs, ks, ms, msg):
 def test_coverage_report_has_no_fallback_for_transformer_ops():
     report = dt.coverage_report()
     ops = {"scaled_dot_product_attention", "scaled_dot_product_attention_grad", "rms_norm",
-           "rms_norm_grad", "rotary_embedding", "swiglu", "swiglu_grad"}
+           "rms_norm_grad", "fused_rotary_position_embedding", "swiglu", "swiglu_grad"}
     assert ops <= set(report["rule"]) and not ops & set(report["fallback"])
 
 
@@ -442,3 +444,25 @@ def test_multi_head_attention_megatron_layout_gathers_no_weight():
     moved = _moved(before)
     assert "all_gather" not in moved and "all_to_all" not in moved, moved
     np.testing.assert_allclose(final.numpy(), dense, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.mpi
+def test_norm_and_rotary_bad_input_raise_on_every_rank():
+    mesh = _world_mesh()
+    rng = np.random.default_rng(14)
+    x = dt.shard_tensor(rng.standard_normal((4, 6, 2, 8)), mesh, [Shard(1)])
+    w = dt.shard_tensor(rng.standard_normal(5), mesh, [Replicate()])
+    sin = dt.shard_tensor(rng.standard_normal((1, 5, 1, 8)), mesh, [Replicate()])
+    before = collectives.collective_counts()
+    with pytest.raises(ValueError, match=r"rms_norm: weight must have shape \[8\], got \[5\]"):
+        F.rms_norm(x, 8, w)
+    rope = r"fused_rotary_position_embedding: sin must have shape \[1, 6, 1, 8\] for x "
+    with pytest.raises(ValueError, match=rope + r"\[4, 6, 2, 8\], got \[1, 5, 1, 8\]"):
+        IF.fused_rotary_position_embedding(x, sin=sin, cos=sin)
+    with pytest.raises(TypeError, match="scaled_dot_product_attention: attn_mask must be bool or "
+                                        "float64"):
+        F.scaled_dot_product_attention(x, x, x, attn_mask=dt.ones([6, 6], dtype="float32"))
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention: dropout_p must be"):
+        F.scaled_dot_product_attention(x, x, x, dropout_p=1.0)
+    assert _moved(before) == {}
+    np.testing.assert_allclose(dt.sum(x).numpy(), float(np.sum(x.numpy())))
