@@ -465,4 +465,12 @@ def test_norm_and_rotary_bad_input_raise_on_every_rank():
     with pytest.raises(ValueError, match=r"scaled_dot_product_attention: dropout_p must be"):
         F.scaled_dot_product_attention(x, x, x, dropout_p=1.0)
     assert _moved(before) == {}
+    # a data check: position ids past the table, found by the rank holding them, raised by all
+    ids = np.zeros((4, 6), np.int64)
+    ids[3, 5] = 9
+    table = dt.shard_tensor(rng.standard_normal((1, 8, 1, 8)), mesh, [Replicate()])
+    with pytest.raises(ValueError, match=r"fused_rotary_position_embedding: position_ids value "
+                                         r"9 is out of range \[0, 8\)"):
+        IF.fused_rotary_position_embedding(x, sin=table, cos=table, position_ids=dt.shard_tensor(
+            ids, mesh, [Shard(0)]))
     np.testing.assert_allclose(dt.sum(x).numpy(), float(np.sum(x.numpy())))
