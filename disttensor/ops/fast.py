@@ -61,6 +61,13 @@ def _loops():
     return numba_loops
 
 
+@functools.cache
+def _attention_loops():
+    _loops()
+    from . import numba_attention
+    return numba_attention
+
+
 def _allow_512_bit_vectors() -> None:
     """Let numba's LLVM use 512-bit vectors where the host has AVX-512 (F, BW, DQ and VL, the
     set PyTorch's CPU kernels require for theirs): LLVM's tuning for Intel's server CPUs
@@ -409,7 +416,7 @@ def attention_softmax(numpy_kernel: Kernel) -> Kernel:
     def kernel(xp, s, m, lsum):
         if _floats(xp, s, m, lsum):
             alpha = np.empty_like(m)
-            _loops().attention_softmax(_rows(s, s.ndim - 1), m.reshape(-1), lsum.reshape(-1),
+            _attention_loops().attention_softmax(_rows(s, s.ndim - 1), m.reshape(-1), lsum.reshape(-1),
                                        alpha.reshape(-1))
             return alpha
         return numpy_kernel(xp, s, m, lsum)
@@ -422,7 +429,7 @@ def attention_grad_rows(numpy_kernel: Kernel) -> Kernel:
     @_compiled(numpy_kernel)
     def kernel(xp, p, dp, lse, delta):
         if _floats(xp, p, dp, lse, delta):
-            _loops().attention_grad_rows(_rows(p, p.ndim - 1), _rows(dp, dp.ndim - 1),
+            _attention_loops().attention_grad_rows(_rows(p, p.ndim - 1), _rows(dp, dp.ndim - 1),
                                          lse.reshape(-1), delta.reshape(-1))
             return
         numpy_kernel(xp, p, dp, lse, delta)

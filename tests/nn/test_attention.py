@@ -260,10 +260,10 @@ def test_compiled_attention_loops_stay_in_float32(name):
 
     import numba
 
-    from disttensor.ops import numba_loops
+    from disttensor.ops import numba_attention, numba_loops
 
     fn = numba.njit(fastmath=numba_loops._SUMS, error_model="numpy")(
-        getattr(numba_loops, name).py_func)
+        getattr(numba_attention, name).py_func)
     a, v = np.ones((4, 8), np.float32), np.ones(4, np.float32)
     if name == "attention_grad_rows":
         fn(a, a.copy(), v, v.copy())
