@@ -12,7 +12,7 @@ the mean of enough calls to take ~20 ms), rounds of the three interleaved. Print
 clock (``cpu``: thread CPU time, what the targets are judged on; ``wall``), ``before_us``,
 ``after_us`` (the registered kernel: compiled when numba is installed, see disttensor.ops.fast),
 ``numpy_us`` (with compiled kernels: the numpy kernel they replace), ``torch_us`` and the ratios
-``after_over_before``, ``after_over_numpy`` and ``after_over_torch`` (the issue's target for the
+``after_over_before``, ``after_over_numpy`` and ``after_over_torch`` (the target for the
 elementwise/normalization kernels: <= 1.3; benchmarks/ops.py reports those rows).
 
 Single-threaded: OMP/OpenBLAS/MKL threads and torch's intra-op threads are set to 1, so every
@@ -288,7 +288,7 @@ def main() -> None:
         "kernels": fast.BACKEND,
         "numpy": np.__version__, "torch": None if torch is None else torch.__version__,
         "note": None if torch is not None else "torch not installed: no torch column",
-        "before": {"relu_": "np.maximum out of place, then copied into x (the issue's "
+        "before": {"relu_": "np.maximum out of place, then copied into x (the target's "
                              "description; relu_ already wrote through out= at this branch's "
                              "base)",
                    "others": "the kernels replaced in this change, kept in this file"},

@@ -16,8 +16,8 @@ Prints JSON on rank 0:
   at the larger GPT); the arenas against the lower bound, the no-reuse total (of every
   temporary); median step times (the modes timed in turn, step by step) and
   ``time_*_vs_unplanned`` (target <= 1.0);
-* ``liveness_4000_ops_ms``: worklist liveness of a synthetic program shaped like seed 003's
-  se-resnext (residual blocks, a backward that reads the saved activations), median (target
+* ``liveness_4000_ops_ms``: worklist liveness of a synthetic program shaped like the
+  memory-planning example's se-resnext (residual blocks, a backward that reads the saved activations), median (target
   <= 20 ms);
 * ``plan_8000_buffers_ms``: the arena planner on 8000 buffers of a training step's shape (half
   of the forward activations saved for backward), median (target <= 250 ms), and
@@ -108,9 +108,9 @@ MODES = {"eager": None, "unplanned": False, "planned": "kernels", "planned_all":
          "recompute": "kernels", "recompute_all": "all"}
 
 
-def seed_program(n_ops: int = 4000) -> tuple[list[Block], int]:
-    """A straight-line training program like seed 003's se-resnext: forward residual blocks of
-    three ops and an add, then a backward op per forward op reading the gradient, the op's
+def example_program(n_ops: int = 4000) -> tuple[list[Block], int]:
+    """A straight-line training program like the memory-planning example's se-resnext:
+    forward residual blocks of three ops and an add, then a backward op per forward op reading the gradient, the op's
     input and its output."""
     instrs, fwd, n = [], [], 1
     x = 0
@@ -151,7 +151,7 @@ def training_buffers(n: int = 8000, seed: int = 0) -> list[Buffer]:
 
 
 def bench_planner(repeat: int) -> dict:
-    blocks, n_values = seed_program()
+    blocks, n_values = example_program()
     t_live = []
     for _ in range(repeat):
         t0 = time.perf_counter()

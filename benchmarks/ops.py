@@ -13,7 +13,7 @@ Kernels (``kernels``): at [64, 64] and [1024, 1024] float32, the registered kern
 (``disttensor_us``: compiled by numba when installed, see disttensor.ops.fast; ``numpy_us``: the
 numpy kernel it replaces, when compiled) against PyTorch's CPU kernel (``torch_us``, when torch is
 installed: extra ``bench``) as benchmarks/kernels.py times them (rounds interleaved), with
-``over_torch`` and ``within_target`` (<= 1.3, issue 13). One thread each: OMP/OpenBLAS/MKL
+``over_torch`` and ``within_target`` (<= 1.3). One thread each: OMP/OpenBLAS/MKL
 threads 1, ``torch.set_num_threads(1)``, and the compiled loops are single-threaded — as ranks
 run (``OMP_NUM_THREADS=1``).
 

@@ -122,7 +122,7 @@ def reduce_op(op: Any, dtype, name: str, shape) -> str:
 def check_op_dtype(op: str, dtype, name: str, shape) -> None:
     """Reduction semantics per dtype (documented in collectives/__init__.py).
 
-    - float/complex: all ops; complex has no max/min.
+    - float (bfloat16 included)/complex: all ops; complex has no max/min.
     - signed/unsigned integers: sum, prod, max, min. 'avg' raises TypeError (an integer mean is
       not an integer; cast to float first).
     - bool: like numpy ufuncs in bool dtype: sum/max = logical or, prod/min = logical and; 'avg'
@@ -137,7 +137,7 @@ def check_op_dtype(op: str, dtype, name: str, shape) -> None:
     elif dt.kind == "b":
         if op == "avg":
             raise TypeError(where + "; 'avg' needs a floating dtype (cast first)")
-    elif dt.kind == "f":
+    elif dt.kind == "f" or dt.name == "bfloat16":
         pass
     elif dt.kind == "c":
         if op in ("max", "min"):

@@ -165,12 +165,12 @@ def _p2p(call, buf: np.ndarray, peer: int, tag: int) -> None:
 
 
 def _reduce_setup(dtype, op):
-    """(working dtype, MPI op): float16 reduces in float32; bool uses logical ops; floating
-    max/min use NaN-propagating ops (MPI's MAX/MIN may drop a NaN, numpy keeps it)."""
+    """(working dtype, MPI op): float16 and bfloat16 reduce in float32; bool uses logical ops;
+    floating max/min use NaN-propagating ops (MPI's MAX/MIN may drop a NaN, numpy keeps it)."""
     dt = np.dtype(dtype)
     if dt.kind == "b":
         return dt, _BOOL_OPS[op]
-    if dt == np.float16:
+    if dt == np.float16 or dt.name == "bfloat16":
         dt = np.dtype(np.float32)
     if dt.kind == "f" and op in ("max", "min"):
         return dt, _nan_op(op, dt)

@@ -1,4 +1,4 @@
-"""What an MPI job does when something goes wrong: it ends, and says which rank did what (DESIGN §11).
+"""What an MPI job does when something goes wrong: it ends, and says which rank did what.
 
 Installed by ``import collectives`` in a process started under MPI (nothing happens otherwise):
 

@@ -38,7 +38,7 @@ def init_parallel_env(timeout: float | None = None) -> None:
 
 __version__ = "0.1.0"
 
-# -- the user layer (issue 14): data, checkpoints, plans, local code, PyTorch names, collectives --
+# -- the user layer: data, checkpoints, plans, local code, PyTorch names, collectives --
 from . import io  # noqa: E402
 from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
 from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402
@@ -53,4 +53,8 @@ from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Gr
                        parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
                        shard_layer)
 # -- end of the user layer block --
+
+# -- mixed precision --
+from .dtype import bfloat16  # noqa: E402
+from . import amp  # noqa: E402
 from . import incubate  # noqa: E402,F401

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from .grad_sync import LeafGradSync, to_leaf_layout
-from .ops import ones_like
+from .ops import cast, ones_like
 from .schema import public
 from .tape import (GradNode, _GradMode, edge, enable_grad, is_grad_enabled,  # noqa: F401
                    no_grad, set_grad_enabled)
@@ -86,9 +86,11 @@ def _backward(roots, root_grads, retain_graph, inputs, sync: LeafGradSync | None
             if not retain_graph:
                 node.saved = None
                 node.released = True
-            for dest, g in zip(node.edges, in_grads):
+            for dest, g, d in zip(node.edges, in_grads, node.in_dtypes):
                 if dest is None or g is None:
                     continue
+                if g.dtype != d:  # a promoting op's gradient, in its input's dtype
+                    g = cast(g, d)
                 _send(dest, g, nodes, node_grads, leaves, leaf_grads)
                 if type(dest) is tuple:
                     k = id(dest[0])

@@ -1,4 +1,4 @@
-"""The seam: every call that creates, moves or mutates a tensor passes here (DESIGN §9).
+"""The seam: every call that creates, moves or mutates a tensor passes here.
 
 A call is *planned*, then *executed*:
 
@@ -37,7 +37,7 @@ from .tensor import DenseTensor, Holder, Tensor
 __all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "add_recorder",
            "remove_recorder", "add_write_watcher", "remove_write_watcher", "host_read", "wrap_array",
            "note_undo", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place",
-           "dense_plan"]
+           "dense_plan", "set_amp_policy"]
 
 #: callbacks ``f(CallRecord)`` told about every executed call (see disttensor.jit.record)
 _recorders: list[Callable[[CallRecord], None]] = []
@@ -49,6 +49,18 @@ _watchers: list[Callable] = []
 #: capture installs a guard here: a host read of tensor data (``numpy()``, ``item()``, a tensor
 #: in an ``if``) cannot be part of a captured program
 _host_read_guard: list[Callable[[str], None]] = []
+
+
+#: the autocast policy ``f(op, inputs) -> inputs`` while a ``dt.amp.auto_cast`` block runs
+#: (:mod:`disttensor.amp`): the inputs the op runs on, cast by ordinary ``cast`` calls
+_amp_policy: Callable | None = None
+
+
+def set_amp_policy(policy: Callable | None) -> Callable | None:
+    """Install the autocast policy (None: none); returns the previous one."""
+    global _amp_policy
+    prev, _amp_policy = _amp_policy, policy
+    return prev
 
 
 #: capture installs a list here: objects that create lasting state lazily (an optimizer's
@@ -250,6 +262,8 @@ def _dist_plan(op: OpDef, inputs: tuple, attrs: dict, inplace: tuple | None) -> 
 
 def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     """Run ``op`` on ``inputs`` (Tensors or None) with keyword ``attrs``; returns Tensor(s)."""
+    if _amp_policy is not None:
+        inputs = _amp_policy(op, inputs)
     arrays = []
     first = None
     for t in inputs:
@@ -335,7 +349,8 @@ def _apply_dist(op: OpDef, inputs: tuple, attrs: dict) -> Any:
 
 
 def check_inplace_target(op: OpDef, x: Tensor) -> None:
-    """The leaf rule of DESIGN §2, checked before anything is modified."""
+    """The leaf rule (a leaf that needs grad is never written in place), checked before
+    anything is modified."""
     if _GradMode.enabled and x._node is None and not x.stop_gradient:
         raise ValueError(f"Leaf Var ({x._label()}) that doesn't stop gradient can't use inplace "
                          f"strategy. (op {op.name}_)")

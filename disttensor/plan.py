@@ -1,4 +1,4 @@
-"""Plans: what one call of an op does, as data (DESIGN §9).
+"""Plans: what one call of an op does, as data.
 
 Dispatch of a call produces a :class:`Plan` — a short list of :class:`Instr` over *slots*
 (slot ``i < n_in`` is input ``i``'s local array; later slots are values the instructions

@@ -23,7 +23,7 @@ An :class:`OpDef` says everything the runtime needs to know about an op before r
   batch_norm's running statistics): that output is the input tensor itself, same holder, same
   version counter (bumped);
 * ``reuse`` — inputs whose buffer the kernel may write its output into when the input dies
-  there (seed 003's inplace reuse; the memory planner uses it);
+  there (inplace reuse; the memory planner uses it);
 * ``no_need_buffer`` — inputs whose backward needs only the shape (Paddle's no_need_buffer);
 * ``recompute`` — the kernel is cheap and deterministic: a captured step may run it again in the
   backward instead of keeping its output alive (rematerialization, :mod:`disttensor.jit.remat`);
@@ -36,6 +36,7 @@ An :class:`OpDef` says everything the runtime needs to know about an op before r
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -43,8 +44,10 @@ import numpy as np
 
 from spmd_rules import RULES, rule_coverage
 
+from .dtype import bfloat16, float32_compute, is_floating, promote_floating
+
 __all__ = ["OpDef", "OPS", "register", "KernelCtx", "DENSE_CTX", "API", "METHODS", "public",
-           "coverage_report",
+           "coverage_report", "AMP_CLASSES",
            "same_dtype", "promote_dtypes", "fixed_dtype", "attr_dtype", "ufunc_dtype",
            "DtypeMismatch", "paddle_promote", "promoting", "equal_dtypes"]
 
@@ -55,8 +58,12 @@ DtypeRule = Callable[[Sequence[Any], dict], tuple]
 
 
 def promote_dtypes(dtypes: Sequence[Any], attrs: dict) -> tuple:
-    """numpy's result type of the present inputs (the default)."""
-    return (np.result_type(*[d for d in dtypes if d is not None]),)
+    """numpy's result type of the present inputs (the default); with bfloat16 among floating
+    inputs, Paddle's floating promotion (numpy has no common type for bfloat16 and float16)."""
+    ds = [np.dtype(d) for d in dtypes if d is not None]
+    if bfloat16 in ds and all(is_floating(d) for d in ds):
+        return (functools.reduce(promote_floating, ds),)
+    return (np.result_type(*ds),)
 
 
 class DtypeMismatch(TypeError):
@@ -75,7 +82,7 @@ def promoting(rule: DtypeRule) -> DtypeRule:
     Tensors here: the public functions give them a dtype by Paddle's Tensor-Scalar rule first."""
     def check(dtypes, attrs):
         ds = [np.dtype(d) for d in dtypes if d is not None]
-        if any(d != ds[0] for d in ds) and not all(d.kind == "f" for d in ds):
+        if any(d != ds[0] for d in ds) and not all(is_floating(d) for d in ds):
             _mismatch(dtypes, "Paddle promotes only between floating dtypes; cast one input "
                               "first")
         return rule(dtypes, attrs)
@@ -192,6 +199,9 @@ class OpDef:
     random: bool = False
     recompute: bool = False
     local_attrs: Callable | None = None
+    # autocast class: "white" (runs in low precision), "black" (runs in float32), "promote"
+    # (runs in the widest floating input dtype) or None (as called); default: AMP_CLASSES
+    amp: str | None = None
     # filled in by the dispatcher: the cached dense plans of this op, and the plain one
     plans: dict = field(default_factory=dict, repr=False)
     plan0: Any = field(default=None, repr=False)
@@ -203,6 +213,11 @@ class OpDef:
     def __post_init__(self) -> None:
         # the dtype rule may refuse its inputs: dense calls consult it too
         self.strict_dtypes: bool = getattr(self.dtype, "strict", False)
+        if self.amp is None:
+            self.amp = AMP_CLASSES.get(self.name)
+        if self.amp not in (None, "white", "black", "promote"):
+            raise ValueError(f"register: op {self.name!r}: amp must be 'white', 'black', "
+                             f"'promote' or None, got {self.amp!r}")
 
     def out_dtypes(self, dtypes: Sequence[Any], attrs: dict, shapes: Sequence[Any] = ()
                    ) -> tuple:
@@ -232,6 +247,18 @@ class OpDef:
 
 OPS: dict[str, OpDef] = {}
 
+#: the autocast class of ops that do not name one (``register(..., amp=...)`` overrides): the
+#: white list runs in float16/bfloat16 under ``dt.amp.auto_cast``, the black list in float32
+#: (statistics, exponentials and reductions lose too much in 8 mantissa bits), "promote" ops
+#: need one dtype and take the widest of their floating inputs
+AMP_CLASSES: dict[str, str] = {
+    **dict.fromkeys(("matmul", "linear", "bmm", "conv1d", "conv2d", "conv3d",
+                     "scaled_dot_product_attention", "flash_attention"), "white"),
+    **dict.fromkeys(("softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy",
+                     "cross_entropy_mean", "sum", "mean", "exp", "log", "pow"), "black"),
+    **dict.fromkeys(("concat", "stack"), "promote"),
+}
+
 
 _DECORATE = object()
 
@@ -256,7 +283,9 @@ def register(name: str, kernel: Any = _DECORATE, **spec: Any):
                 if n_out != -1 and not 0 <= o < n_out:
                     raise ValueError(f"register: op {name!r}: {key} pair ({i}, {o}) names output "
                                      f"{o}, but the op has {n_out} output(s)")
-        OPS[name] = OpDef(name=name, kernel=k, **spec)
+        OPS[name] = OpDef(name=name, kernel=None if k is None else
+                          float32_compute(k, name, spec, spec.get("dtype", promote_dtypes)),
+                          **spec)
         return k
     if kernel is _DECORATE:
         return add

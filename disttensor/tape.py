@@ -70,15 +70,18 @@ class GradNode:
     """One recorded op application (see module docstring)."""
 
     __slots__ = ("op", "attrs", "edges", "saved", "in_shapes", "n_out", "released",
-                 "__weakref__")
+                 "in_dtypes", "__weakref__")
 
-    def __init__(self, op, attrs: dict, edges: tuple, in_shapes: tuple, n_out: int):
+    def __init__(self, op, attrs: dict, edges: tuple, in_shapes: tuple, n_out: int,
+                 in_dtypes: tuple):
         self.op = op
         self.n_out = n_out
         self.attrs = attrs
         self.edges = edges
         self.saved: list | None = []
         self.in_shapes = in_shapes
+        # the inputs' dtypes: the engine casts each input gradient to its input's dtype
+        self.in_dtypes = in_dtypes
         self.released = False
 
     @property
@@ -133,19 +136,23 @@ def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[T
     """Attach a new grad node for ``op`` to ``outputs`` (called by the dispatcher)."""
     edges = []
     shapes = []
+    dtypes = []
     for t in inputs:  # inlines _edge (this runs for every recorded op)
         if t is None:
             edges.append(None)
             shapes.append(None)
+            dtypes.append(None)
             continue
-        shapes.append(t._value.shape)
+        v = t._value
+        shapes.append(v.shape)
+        dtypes.append(v.dtype)
         if t.stop_gradient:
             edges.append(None)
         elif t._node is None:
             edges.append(t)
         else:
             edges.append((t._node, t._slot))
-    node = GradNode(op, attrs, tuple(edges), tuple(shapes), len(outputs))
+    node = GradNode(op, attrs, tuple(edges), tuple(shapes), len(outputs), tuple(dtypes))
     for i in op.save_inputs:
         node.save(inputs[i])
     for i in op.save_outputs:

@@ -1,4 +1,4 @@
-"""The three objects behind a user's tensor (DESIGN §2).
+"""The three objects behind a user's tensor.
 
 * :class:`Holder` — one allocation (the base array) plus the inplace version counter that every
   view of it shares.

@@ -10,6 +10,7 @@ channel-parallel, which no plan names).
     mpirun -n 2 python examples/train.py --steps 50 --resume ckpt  # go on (any world size)
     python examples/train.py                          # one process (1 x 1 mesh)
     python examples/train.py --dense                  # plain dense tensors, no mesh at all
+    mpirun -n 4 python examples/train.py --amp O1 --amp-dtype bfloat16  # mixed precision
 
 The loss curve does not depend on the mesh: ``--dense`` on one process and the 2 x 2 run agree
 to floating-point tolerance (tests/examples check it).
@@ -191,13 +192,38 @@ def to_tensors(xb: np.ndarray, yb: np.ndarray, mesh: dt.ProcessMesh | None,
     return dt.shard_tensor(x, mesh, data_pl), dt.shard_tensor(y, mesh, data_pl)
 
 
-def train_step(model: nn.Layer, opt, x, y):
-    """One step: forward, loss, backward, optimizer update; returns the loss tensor."""
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
+def train_step(model: nn.Layer, opt, x, y, amp: dict | None = None):
+    """One step: forward, loss, backward, optimizer update; returns the loss tensor.
+    ``amp``: ``{"level", "dtype", "scaler"}`` runs the forward under ``dt.amp.auto_cast`` and,
+    with a scaler, scales the loss and skips steps whose gradients are not finite."""
+    with dt.amp.auto_cast(enable=amp is not None, **({} if amp is None else {
+            "level": amp["level"], "dtype": amp["dtype"]})):
+        loss = F.cross_entropy(model(x), y)
+    scaler = None if amp is None else amp["scaler"]
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
     opt.clear_grad(set_to_zero=False)  # drop grads: the next backward assigns, not adds
     return loss
+
+
+def amp_setup(args, model: nn.Layer, opt):
+    """(model, optimizer, amp config) for ``--amp``: O2 decorates (low-precision model, float32
+    master weights); float16 gets a GradScaler (bfloat16 keeps float32's range: none needed)."""
+    if args.amp is None:
+        return model, opt, None
+    if args.amp_dtype == "float16" and args.to_static:
+        raise SystemExit("train.py: loss scaling (--amp-dtype float16) decides on the host "
+                         "whether to step; run it without --to-static, or use bfloat16")
+    if args.amp == "O2":
+        model, opt = dt.amp.decorate(model, opt, level="O2", dtype=args.amp_dtype)
+    scaler = dt.amp.GradScaler(init_loss_scaling=2.0 ** 15) \
+        if args.amp_dtype == "float16" else None
+    return model, opt, {"level": args.amp, "dtype": args.amp_dtype, "scaler": scaler}
 
 
 def _checkpoint(model: nn.Layer, opt, step: int) -> dict:
@@ -227,12 +253,13 @@ def resume(path: str, model: nn.Layer, opt) -> int:
 def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype,
                                 sharding=args.sharding, device=args.device)
+    model, opt, amp = amp_setup(args, model, opt)
     first = 1
     if args.resume:
         first = resume(os.path.join(args.resume, model_name), model, opt) + 1
 
     def step_fn(x, y):
-        return train_step(model, opt, x, y)
+        return train_step(model, opt, x, y, amp)
     if args.to_static:  # captured once (twice: the first step creates the optimizer states)
         step_fn = dt.jit.to_static(step_fn)
     losses, t_start = [], time.perf_counter()
@@ -293,6 +320,9 @@ def main(argv=None) -> dict:
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="resume from the checkpoints in DIR (any mesh or world size)")
     p.add_argument("--loss-out", default=None, help="write the loss curves as JSON here")
+    p.add_argument("--amp", default=None, choices=["O1", "O2"],
+                   help="mixed precision: O1 autocast, O2 low-precision model + fp32 masters")
+    p.add_argument("--amp-dtype", default="bfloat16", choices=["float16", "bfloat16"])
     args = p.parse_args(argv)
     dt.init_parallel_env()
     world = dt.get_world_size()

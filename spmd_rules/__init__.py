@@ -5,7 +5,8 @@ registered by name in :data:`RULES` (see :func:`get_rule`). Rule names: elementw
 reduction, softmax, layer_norm, layer_norm_grad, batch_norm, batch_norm_grad, embedding,
 embedding_grad, cross_entropy, cross_entropy_grad, reshape, squeeze, unsqueeze, flatten,
 transpose, slice, slice_grad, set_value, concat, stack, split, gather, gather_grad, one_hot, tile,
-expand and the fallback ``replicated``.
+expand and the fallback ``replicated``; the tensor ops add along_axes, unbind, take_along_axis,
+take_along_axis_grad, put_along_axis, scatter, einsum and axis_statistics.
 
 Runtime contract (what the dispatcher does with a result, on the coordinate ``coord`` of this
 rank in the mesh):
@@ -44,6 +45,7 @@ from .norm import channel_axis
 from .reduction import REDUCE_PARTIAL
 from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, reduction,  # noqa: F401  (register rules)
                replicated, softmax)
+from . import along_axis, contraction  # noqa: F401,E402  (register rules)
 
 __all__ = [
     "ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",

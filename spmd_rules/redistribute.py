@@ -1,4 +1,4 @@
-"""Reshard planning (DESIGN §5): pure metadata, no arrays, no communication.
+"""Reshard planning: pure metadata, no arrays, no communication.
 
 A plan is a list of :class:`Step` computed from the shape, the item size, the meshes and the
 source and target :class:`DistAttr`, and cached. On one mesh it works mesh dim by mesh dim, with

@@ -19,6 +19,7 @@ __all__ = ["write_file", "read_header", "read_block", "to_safetensors_dtype"]
 _CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32",
           "int16": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32", "uint16": "U16",
           "uint8": "U8", "bool": "BOOL"}
+_CODES["bfloat16"] = "BF16"  # ml_dtypes' bfloat16 (numpy knows the name once it is imported)
 _DTYPES = {v: np.dtype(k) for k, v in _CODES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
 
@@ -68,7 +69,7 @@ def write_file(path: str, tensors: Mapping[str, Any],
             for block in blocks:
                 a = _little_endian(np.asarray(block, dtype=src.dtype))
                 if a.nbytes:
-                    f.write(memoryview(a.reshape(-1)).cast("B"))
+                    f.write(a.reshape(-1).view(np.uint8).data)  # (bfloat16 has no buffer code)
                 written += a.nbytes
             begin, end = header[name]["data_offsets"]
             if written != end - begin:

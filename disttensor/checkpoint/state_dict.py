@@ -394,13 +394,22 @@ def _read_region(fn: str, directory: str, e: _Entry, saved: dict, region: Region
     """The block ``region`` of a saved tensor, assembled from the chunks that overlap it."""
     out = np.empty([b - a for a, b in region], dtype=np.dtype(saved["dtype"]))
     covered = 0
+    read: list[tuple[list, list]] = []  # (chunk index range, its part of the region)
     for chunk in saved["chunks"]:
         box = [tuple(ab) for ab in chunk["index"]]
         inter = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, box)]
         if any(a >= b for a, b in inter):
             continue
+        for other, done in read:
+            if all(max(a, c) < min(b, d) for (a, b), (c, d) in zip(inter, done)):
+                raise ValueError(f"{fn}: the chunks {other} and {box} of '{e.name}' overlap in "
+                                 f"{METADATA_FILE}; the checkpoint is corrupt")
+        read.append((box, inter))
         path = os.path.join(directory, chunk["file"])
         if path not in headers:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{fn}: {path} is missing; {METADATA_FILE} places the "
+                                        f"chunk {box} of '{e.name}' there")
             headers[path] = read_header(path)
         header, start = headers[path]
         if e.name not in header:

@@ -1,4 +1,4 @@
-"""Rank agreement where metadata enters a program (DESIGN §11).
+"""Rank agreement where metadata enters a program.
 
 ``shard_tensor``, ``dtensor_from_local``, ``reshard`` and ``init_parallel_env`` call
 :func:`agree` with a fingerprint of what they were given (global shape, dtype, mesh, layouts).

@@ -1,4 +1,4 @@
-"""Plans for calls with a distributed input (DESIGN §4 steps 2-5, §9).
+"""Plans for calls with a distributed input: rule, reshard steps, kernel, write-backs.
 
 :func:`plan_call` turns (op, input layouts and shapes, attrs) into a :class:`~disttensor.plan.Plan`:
 

@@ -1,4 +1,4 @@
-"""Program capture (DESIGN §8): the trace hook :func:`record`, :func:`to_static` /
+"""Program capture: the trace hook :func:`record`, :func:`to_static` /
 :class:`DistModel` and the captured :class:`Program` (forward/backward split, inplace chains,
 replay) and its memory plan (liveness, arena, verifier)."""
 from .buffers import peak_bytes, verify

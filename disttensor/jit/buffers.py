@@ -1,4 +1,4 @@
-"""The buffer plan of a captured program (DESIGN §8, seed 003): which arena block every
+"""The buffer plan of a captured program: which arena block every
 temporary value lives in while the step replays.
 
 :func:`plan_buffers` walks the replay timeline — the forward program's instructions, then the
@@ -14,7 +14,7 @@ backward program's — and
    "kernels") also what a kernel without ``out=`` returns, which would cost a copy and as
    much memory again while it is made;
 4. lets an op the schema marks ``reuse`` write into a dying input's buffer when that input has
-   the output's size and dtype (seed 003's inplace reuse);
+   the output's size and dtype (inplace reuse);
 5. places the inputs a step packs into its output (a gradient bucket) at their parts of the
    output's buffer, when they die there and that does not raise the lower bound (nor keep the
    arena from it, :data:`PACK_TIGHTNESS`): the kernels making them write there, and the

@@ -1,4 +1,4 @@
-"""``to_static``: capture a step once per input signature, replay it afterwards (DESIGN §8).
+"""``to_static``: capture a step once per input signature, replay it afterwards.
 
 The first call with a new signature runs the step *eagerly* while recording every call it makes
 (the seam guarantees nothing escapes), then builds a :class:`~disttensor.jit.program.Program`.

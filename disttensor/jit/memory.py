@@ -1,4 +1,4 @@
-"""Memory planning (DESIGN §8, seed 003): worklist liveness over bitsets, and offsets in one arena.
+"""Memory planning: worklist liveness over bitsets, and offsets in one arena.
 
 Pure functions over plain data, so they are tested on fixed instances:
 

@@ -1,4 +1,4 @@
-"""A captured step as a :class:`Program` of SSA values (DESIGN §8, seed 001).
+"""A captured step as a :class:`Program` of SSA values.
 
 :func:`build_program` turns the calls a capture recorded (:class:`disttensor.plan.CallRecord`)
 into

@@ -1,4 +1,4 @@
-"""Rematerialization of a captured step (DESIGN §8): run cheap forward ops again in the backward
+"""Rematerialization of a captured step: run cheap forward ops again in the backward
 instead of keeping their outputs alive from the forward to the backward.
 
 A forward value the backward reads (a *middle*) is recomputed when it can be rebuilt by a short

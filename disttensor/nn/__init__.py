@@ -8,5 +8,6 @@ from .common import (GELU, Dropout, Embedding, Flatten, Identity, LayerList, Lin
 from .layer import Layer, Parameter, ParamAttr
 from .loss import CrossEntropyLoss, MSELoss
 from .norm import BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm
+from .containers import LayerDict, ParameterList  # noqa: E402
 from .norm import RMSNorm  # noqa: E402
 from .attention import MultiHeadAttention  # noqa: E402

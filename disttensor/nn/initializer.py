@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..dtype import is_floating
 from ..tape import no_grad
 from ..generator import default_generator
 from ..ops.common import as_tensor
@@ -64,7 +65,7 @@ class Initializer:
             raise TypeError(f"{type(self).__name__}: expected a Tensor, got "
                             f"{type(param).__name__}")
         dtype = np.dtype(param.dtype)
-        if dtype.kind != "f" and not isinstance(self, Constant):
+        if not is_floating(dtype) and not isinstance(self, Constant):
             raise TypeError(f"{type(self).__name__}: parameter '{param._label()}' has dtype "
                             f"{dtype.name}; random initializers need a floating dtype")
         values = self.sample(tuple(param.shape), dtype)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dispatch import wrap_array
 from ..tape import no_grad
-from ..dtype import to_np_dtype
+from ..dtype import is_floating, to_np_dtype
 from ..ops import cast, to_tensor, zeros, zeros_like
 from ..ops.common import as_tensor
 from ..tensor import Tensor
@@ -477,14 +477,51 @@ class Layer:
                     _move(t, place)
         if dtype is None:
             return self
-        d = to_np_dtype(dtype)
+        return self._cast_floating(dtype, None, "to")
+
+    # -- dtype conversion: float(), half(), bfloat16() -------------------------------------
+    def float(self, excluded_layers: Any = None) -> "Layer":
+        """Convert floating parameters and buffers to float32 in place of their values (as
+        ``to(dtype="float32")``), except in ``excluded_layers`` (Layer instances or types)."""
+        return self._cast_floating("float32", excluded_layers, "float")
+
+    def half(self, excluded_layers: Any = None) -> "Layer":
+        """As :meth:`float`, to float16."""
+        return self._cast_floating("float16", excluded_layers, "half")
+
+    def bfloat16(self, excluded_layers: Any = None) -> "Layer":
+        """As :meth:`float`, to bfloat16."""
+        return self._cast_floating("bfloat16", excluded_layers, "bfloat16")
+
+    float16 = half
+
+    def _cast_floating(self, dtype: Any, excluded_layers: Any, where: str) -> "Layer":
+        """Cast the floating parameters and buffers of every sublayer not excluded (a Layer, a
+        Layer type, or a list of them) to ``dtype``; the tensor objects are kept, gradients
+        dropped. Bad arguments raise before anything is converted."""
+        try:
+            d = to_np_dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"{type(self).__name__}.{where}: argument 'dtype': {e}") from None
+        if not is_floating(d):
+            raise TypeError(f"{type(self).__name__}.{where}: argument 'dtype' must be a floating "
+                            f"dtype, got {d.name}")
+        excluded = excluded_layers if isinstance(excluded_layers, (list, tuple)) else (
+            () if excluded_layers is None else (excluded_layers,))
+        for e in excluded:
+            if not (isinstance(e, Layer) or isinstance(e, type) and issubclass(e, Layer)):
+                raise TypeError(f"{type(self).__name__}.{where}: argument 'excluded_layers' "
+                                f"must hold Layers or Layer types, got {e!r}")
+        types = tuple(e for e in excluded if isinstance(e, type))
         with no_grad():
-            for t in self.parameters() + self.buffers():
-                if np.dtype(t.dtype).kind == "f" and np.dtype(t.dtype) != d:
-                    t._value = cast(t, d)._value
-                    t.grad = None
-        for layer in self.sublayers(include_self=True):
-            object.__setattr__(layer, "_dtype", d)
+            for layer in self.sublayers(include_self=True):
+                if isinstance(layer, types) or any(layer is e for e in excluded):
+                    continue
+                for t in list(layer._parameters.values()) + list(layer._buffers.values()):
+                    if t is not None and is_floating(t.dtype) and np.dtype(t.dtype) != d:
+                        t._value = cast(t, d)._value
+                        t.grad = None
+                object.__setattr__(layer, "_dtype", d)
         return self
 
     def extra_repr(self) -> str:

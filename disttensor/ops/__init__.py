@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..schema import API, OPS
 from . import (common, creation, elementwise, shape, reduction, matmul, activation, random,  # noqa: F401
                embedding, indexing, norm, loss, optim)
+from . import math, einsum, statistics, scatter, sorting, sampling, subscript  # noqa: F401,E402
 from . import attention, position, gated  # noqa: F401,E402
 
 globals().update(API)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..dispatch import apply
-from ..dtype import to_np_dtype
+from ..dtype import is_floating, to_np_dtype
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from . import fast, gpu_fused
@@ -93,7 +93,7 @@ def _prepare(op: str, x: Any, axis: int, dtype: Any) -> tuple[Tensor, dict]:
     x = as_tensor(x)
     if dtype is not None:
         x = cast(x, to_np_dtype(dtype))
-    if np.dtype(x.dtype).kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"{op}: x must be floating, got {np.dtype(x.dtype).name} "
                         f"(pass dtype= to convert)")
     if x.ndim == 0:

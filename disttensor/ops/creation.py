@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..dispatch import apply
-from ..dtype import to_np_dtype
+from ..dtype import is_floating, to_np_dtype
 from ..generator import Generator, default_generator
 from ..schema import OPS, attr_dtype, public, register
 from ..tensor import Tensor
@@ -123,7 +123,7 @@ def to_tensor(data: Any, dtype: Any = None, place: str | None = None,
                 npd = np.dtype(np.float32)
             elif npd.kind in "iu":
                 npd = np.dtype(np.int64)
-    if npd.kind not in "biuf":
+    if npd.kind not in "biuf" and not is_floating(npd):
         raise TypeError(f"to_tensor: unsupported dtype {npd} of data {type(data).__name__}")
     out = apply(OPS["assign_value"], (), {"value": data, "dtype": npd, "place": place})
     out.stop_gradient = bool(stop_gradient)

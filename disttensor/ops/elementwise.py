@@ -12,7 +12,7 @@ import numpy as np
 from spmd_rules import broadcast_notations
 
 from ..dispatch import apply, apply_inplace
-from ..dtype import to_np_dtype
+from ..dtype import bfloat16, is_floating, to_np_dtype
 from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
                       same_dtype, ufunc_dtype)
 from ..tensor import Tensor
@@ -287,14 +287,14 @@ def _rsqrt(xp, x, out=None):
 def _float_dtype(dtypes, attrs) -> tuple:
     """Floating inputs keep their dtype; integer and bool inputs compute in float64."""
     d = np.dtype(dtypes[0])
-    return (d if d.kind == "f" else np.dtype(np.float64),)
+    return (d if is_floating(d) else np.dtype(np.float64),)
 
 
 def _floating(kernel):
     """``kernel`` on x converted to float64 when x is not floating (see :func:`_float_dtype`)."""
     @functools.wraps(kernel)
     def k(xp, x, *rest, **attrs):
-        if x.dtype.kind != "f":
+        if not is_floating(x.dtype):
             x = x.astype(np.float64)
         return kernel(xp, x, *rest, **attrs)
     return k
@@ -369,8 +369,8 @@ def _full_like_kernel(xp, x, fill_value, dtype, out=None):
 
 register("cast", _cast_kernel, backward=_cast_bwd, accepts_out=True,
          rule="elementwise", dtype=attr_dtype(),
-         rule_attrs=lambda a: {"linear": "unary" if np.dtype(a["dtype"]).kind == "f"
-                               and np.dtype(a["src_dtype"]).kind == "f" else None})
+         rule_attrs=lambda a: {"linear": "unary" if is_floating(a["dtype"])
+                               and is_floating(a["src_dtype"]) else None})
 
 
 def _clip_kernel(xp, x, min=None, max=None, out=None):
@@ -528,10 +528,13 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
     """``x`` converted to ``dtype`` (differentiable between floating dtypes)."""
     d = to_np_dtype(dtype)
     x = as_tensor(x)
+    if d == bfloat16 and x.place != "cpu":
+        raise TypeError(f"cast: bfloat16 tensors live on the CPU only (cupy has no bfloat16); "
+                        f"x of shape {x.shape} is on {x.place}: use float16 on the GPU")
     if np.dtype(x.dtype) == d:
         return assign(x)
     out = apply(OPS["cast"], (x,), {"dtype": d, "src_dtype": np.dtype(x.dtype)})
-    if d.kind != "f":
+    if not is_floating(d):
         out.stop_gradient = True
         out._node = None
     return out

@@ -70,8 +70,16 @@ def gather(x: Tensor, index: Any, axis: int | None = None, name: str | None = No
 
 @public(methods=True)
 def index_select(x: Tensor, index: Any, axis: int = 0, name: str | None = None) -> Tensor:
-    """Same as :func:`gather` (Paddle ``index_select``)."""
-    return gather(x, index, axis)
+    """Same as :func:`gather` (Paddle ``index_select``); an index out of range raises naming
+    index_select and the shapes (on every rank: the check is gather's)."""
+    x, index = as_tensor(x), _index("index_select", index)
+    try:
+        return gather(x, index, axis)
+    except ValueError as e:
+        if not str(e).startswith("gather: index value"):
+            raise
+        raise ValueError(f"index_select: {str(e)[len('gather: '):]} (x of shape {x.shape}, "
+                         f"index of shape {index.shape}, axis {axis})") from None
 
 
 @public()

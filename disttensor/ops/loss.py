@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtype import is_floating
 from ..dispatch import apply
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
@@ -154,7 +155,7 @@ register("cross_entropy_mean", _ce_mean_kernel, backward=_ce_mean_bwd, rule="cro
 
 def _check_logits(op: str, x: Any, axis: int) -> tuple[Tensor, int]:
     x = as_tensor(x)
-    if np.dtype(x.dtype).kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"{op}: input must be floating, got {np.dtype(x.dtype).name}")
     if x.ndim == 0:
         raise ValueError(f"{op}: input must have at least 1 dim, got shape {x.shape}")
@@ -179,7 +180,7 @@ def _check_hard_label(op: str, x: Tensor, label: Any, axis: int) -> Tensor:
 
 def _check_soft_label(op: str, x: Tensor, label: Any) -> Tensor:
     label = as_tensor(label, x)
-    if label.shape != x.shape or np.dtype(label.dtype).kind != "f":
+    if label.shape != x.shape or not is_floating(label.dtype):
         raise ValueError(f"{op}: a soft label must be floating with the input's shape {x.shape}, "
                          f"got {np.dtype(label.dtype).name} {label.shape}")
     return label
@@ -288,13 +289,13 @@ def cross_entropy(input: Tensor, label: Tensor, weight: Tensor | None = None,
     denom = None
     if hard:
         lab = label
-        if np.dtype(lab.dtype).kind == "f":  # one-hot of use_softmax=False: recover the mask
+        if is_floating(lab.dtype):  # one-hot of use_softmax=False: recover the mask
             valid = cast(_sum(lab, axis=axis, keepdim=True), x.dtype)
         else:
             lab = reshape_to(lab, keep) if lab.shape != keep else lab
             valid = cast(not_equal(lab, as_tensor(int(ignore_index), lab)), x.dtype)
         if weight is not None:
-            if np.dtype(label.dtype).kind == "f":
+            if is_floating(label.dtype):
                 w = _sum(multiply(label, _class_vector(weight, x.ndim, axis)), axis=axis,
                          keepdim=True)
             else:

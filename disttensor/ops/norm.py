@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..dtype import is_floating
 from ..dispatch import apply, check_inplace_target
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
@@ -120,7 +121,7 @@ def layer_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Tensor 
     """Normalize over the trailing ``normalized_shape`` axes (biased variance), then scale by
     ``weight`` and shift by ``bias`` (each shaped ``normalized_shape`` or its flattening)."""
     x = as_tensor(x)
-    if np.dtype(x.dtype).kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"layer_norm: x must be floating, got {np.dtype(x.dtype).name}")
     ns = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) \
         else [int(s) for s in normalized_shape]
@@ -277,7 +278,7 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor,
     statistics normalize and nothing is written.
     """
     x = as_tensor(x)
-    if np.dtype(x.dtype).kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"batch_norm: x must be floating, got {np.dtype(x.dtype).name}")
     if data_format not in _CHANNEL_FIRST + _CHANNEL_LAST:
         raise ValueError(f"batch_norm: data_format must be one of "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtype import is_floating
 from ..dispatch import apply
 from ..generator import default_generator
 from ..schema import OPS, public, register, same_dtype
@@ -44,6 +45,14 @@ def _mix(z):
 def keep_mask(xp, seed: int, p: float, local_shape, global_shape, offsets):
     """Bool keep-mask (``uniform >= p``) of a piece of ``local_shape`` starting at ``offsets`` in a
     tensor of ``global_shape``, from the global row-major index of each element."""
+    return xp.broadcast_to(uniforms(xp, seed, local_shape, global_shape, offsets) >= p,
+                           tuple(local_shape))
+
+
+def uniforms(xp, seed: int, local_shape, global_shape, offsets):
+    """float64 uniforms in [0, 1) of a piece of ``local_shape`` starting at ``offsets`` in a
+    tensor of ``global_shape``: a hash of (seed, the global row-major index of each element), so
+    any piece of the same tensor draws the same values where it overlaps."""
     ndim = len(local_shape)
     lin = xp.zeros((), dtype=xp.uint64)
     stride = 1
@@ -53,8 +62,7 @@ def keep_mask(xp, seed: int, p: float, local_shape, global_shape, offsets):
         lin = lin + idx.reshape([-1 if i == d else 1 for i in range(ndim)])
         stride *= int(global_shape[d])
     z = (lin + np.uint64(1)) * np.uint64(_GOLDEN) + np.uint64(_splitmix_int(seed))
-    u = (_mix(z) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-    return xp.broadcast_to(u >= p, tuple(local_shape))
+    return (_mix(z) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def _dropout_kernel(xp, x, p, mode, seed, axis, ctx):
@@ -107,7 +115,7 @@ def dropout(x: Tensor, p: float = 0.5, axis: int | list[int] | None = None,
         raise ValueError(f"dropout: p must be a number in [0, 1], got {p!r}")
     if mode not in _MODES:
         raise ValueError(f"dropout: mode must be one of {list(_MODES)}, got {mode!r}")
-    if np.dtype(x.dtype).kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"dropout: x must be floating, got {np.dtype(x.dtype).name}")
     axes = None if axis is None else normalize_axes("dropout", axis, x.ndim)
     p = float(p)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..dispatch import apply
-from ..dtype import to_np_dtype
+from ..dtype import is_floating, to_np_dtype
 from ..schema import DENSE_CTX, OPS, fixed_dtype, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, normalize_axes
@@ -45,7 +45,7 @@ def _extreme_kernel(xp, x, axis, keepdim, reduce_type, ctx=DENSE_CTX):
             raise ValueError(f"{reduce_type}: reducing an empty axis of shape {list(gshape)}")
         # an empty piece of a sharded axis (the output is Partial(max/min)): the identity
         shape = [1 if d in axis else n for d, n in enumerate(x.shape) if keepdim or d not in axis]
-        if x.dtype.kind == "f":
+        if is_floating(x.dtype):
             lo, hi = -np.inf, np.inf
         else:
             lo, hi = np.iinfo(x.dtype).min, np.iinfo(x.dtype).max
@@ -112,7 +112,7 @@ def sum(x: Tensor, axis: Any = None, dtype: Any = None, keepdim: bool = False,
 def mean(x: Tensor, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
     """Arithmetic mean over ``axis`` (None = all); floating inputs only."""
     x = as_tensor(x)
-    if np.dtype(x.dtype).kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"mean: x must be floating, got {np.dtype(x.dtype).name}")
     axes = normalize_axes("mean", axis, x.ndim)
     count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))

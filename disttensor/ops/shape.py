@@ -258,7 +258,6 @@ register("slice_grad", _slice_grad_kernel, rule="slice_grad", dtype=_SAME,
          local_attrs=_slice_grad_local)
 
 
-@public(methods=("__getitem__",))
 def getitem(x: Tensor, index: Any) -> Tensor:
     """Basic slicing ``x[index]`` (a view)."""
     return apply(OPS["slice"], (x,), {"index": normalize_index("slice", index, x.shape)})
@@ -295,7 +294,6 @@ def getitem_normalized(x: Tensor, index: tuple) -> Tensor:
     return apply(OPS["slice"], (x,), {"index": index})
 
 
-@public(methods=("__setitem__",))
 def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
     """``x[index] = value`` inplace (value broadcast to the indexed region)."""
     index = normalize_index("__setitem__", index, x.shape)

@@ -145,6 +145,26 @@ CASES = {
                                                  np.full((4, 1), 0.7 / 3.0)))],
 }
 
+# the tensor ops (math family, tril/triu with their ctx, scatter writing through out=)
+MASK = X > 0.3
+CASES.update({
+    "sin": [((X,), {}, np.sin(X))], "sin_grad": [((X, Y), {}, Y * np.cos(X))],
+    "cos": [((X,), {}, np.cos(X))], "cos_grad": [((X, Y), {}, -Y * np.sin(X))],
+    "erf": [((X,), {}, _erf(X))],
+    "erf_grad": [((X, Y), {}, Y * 2.0 / math.sqrt(math.pi) * np.exp(-X * X))],
+    "square": [((X,), {}, X * X)], "square_grad": [((X, Y), {}, 2.0 * X * Y)],
+    "reciprocal": [((POS,), {}, 1.0 / POS)],
+    "reciprocal_grad": [((1.0 / POS, Y), {}, -Y / POS ** 2)],
+    "log1p": [((POS,), {}, np.log1p(POS))], "log1p_grad": [((POS, Y), {}, Y / (1.0 + POS))],
+    "floor": [((X,), {}, np.floor(X))], "sign": [((X,), {}, np.sign(X))],
+    "masked_fill": [((X, MASK, np.array(-2.0)), {}, np.where(MASK, -2.0, X))],
+    "tril": [((X,), {"diagonal": 0}, np.tril(X)), ((X,), {"diagonal": -1}, np.tril(X, -1))],
+    "triu": [((X,), {"diagonal": 1}, np.triu(X, 1))],
+    "scatter": [((X, np.array([2, 0]), Y[:2]), {"index": (slice(0, 3, 1), slice(0, 4, 1)),
+                                                 "axis": 0, "overwrite": True},
+                 np.concatenate([Y[1:2], X[1:2], Y[0:1]]))],
+})
+
 
 def _matmul_oracle(x, y, transpose_x=False, transpose_y=False):
     if transpose_x:

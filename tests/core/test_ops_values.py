@@ -542,7 +542,7 @@ ERRORS = [
     (lambda: dt.embedding(T(np.array([0])), T(n(6, 2)), padding_idx=6), ValueError, "embedding"),
     (lambda: dt.gather(T(X), T(np.array([3]))), ValueError, "gather"),
     (lambda: dt.gather(T(X), T(np.array([[0]]))), ValueError, "gather"),
-    (lambda: dt.index_select(T(X), T(np.array([-1])), axis=1), ValueError, "gather"),
+    (lambda: dt.index_select(T(X), T(np.array([-1])), axis=1), ValueError, "index_select"),
     (lambda: dt.one_hot(T(np.array([3])), 3), ValueError, "one_hot"),
     (lambda: dt.one_hot(T(np.array([0.0])), 3), TypeError, "one_hot"),
     (lambda: dt.cross_entropy(T(X), T(np.array([0, 1, 4]))), ValueError, "cross_entropy"),

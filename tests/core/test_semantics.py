@@ -1,4 +1,4 @@
-"""The normal / view / inplace table of DESIGN §2 and the autograd rules around it."""
+"""The normal / view / inplace table (docs/guide/tensors.md) and the autograd rules around it."""
 from __future__ import annotations
 
 import numpy as np
@@ -159,7 +159,7 @@ def test_seed_example_backward_through_inplace():
 
 
 def test_seed_002_example_as_written():
-    """Seed 002 verbatim: a [3, 4] tensor, ``y.backward()`` on the non-scalar result (the
+    """The guide's example: a [3, 4] tensor, ``y.backward()`` on the non-scalar result (the
     implicit gradient is ones of y's shape, as in Paddle)."""
     a = dt.randn([3, 4])
     a.stop_gradient = False

@@ -1,4 +1,4 @@
-"""Exhaustive reshard tests on one mesh (DESIGN §5), valid under any world size.
+"""Exhaustive reshard tests on one mesh, valid under any world size.
 
 For every mesh that fits the world (ranks outside a smaller mesh take part with empty pieces),
 every shape in SHAPES and every (source, target) pair of placements drawn from Shard(0),
@@ -425,7 +425,7 @@ def test_dtensor_to_local_three_args_and_set_value():
 
 
 def test_shard_moving_between_mesh_dims_is_one_pairwise_exchange():
-    """``[S(0), R] -> [R, S(0)]`` on 2x2 (issue 13): one sendrecv on the
+    """``[S(0), R] -> [R, S(0)]`` on 2x2: one sendrecv on the
     off-diagonal ranks, nothing on the diagonal, no all-gather; also with another dim sharded
     and with uneven sizes; the gradient goes back the same way."""
     mesh = get_mesh("2x2")

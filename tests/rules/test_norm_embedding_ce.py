@@ -195,7 +195,7 @@ def test_parallel_cross_entropy_simulation():
 
 
 def test_layer_norm_moves_mesh_dim_with_an_all_to_all_not_an_all_gather():
-    """Issue 12's example: x [64, 32, 128, 128] as [S(0), S(1)] on 2x2, normalized from dim 1:
+    """The guide's example: x [64, 32, 128, 128] as [S(0), S(1)] on 2x2, normalized from dim 1:
     mesh dim 1 moves onto dim 0 (one all-to-all) and x stays 4-way sharded; the first-wins
     answer (all-gather mesh dim 1) moves more bytes."""
     from spmd_rules import plan_same_mesh, reshard_cost
