@@ -58,3 +58,4 @@ __all__ = [
     "Repeat", "make_reshape_dim_trans", "infer_dim_trans", "parse_index", "ReshardPlan", "Step",
     "plan_reshard", "plan_same_mesh", "reshard_cost", "channel_axis", "REDUCE_PARTIAL",
 ]
+from . import attention  # noqa: F401,E402  (registers the attention and rotary rules)
