@@ -8,3 +8,5 @@ from .common import (GELU, Dropout, Embedding, Flatten, Identity, LayerList, Lin
 from .layer import Layer, Parameter, ParamAttr
 from .loss import CrossEntropyLoss, MSELoss
 from .norm import BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm
+from .clip import ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue
+from . import utils
