@@ -53,3 +53,4 @@ from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Gr
                        parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
                        shard_layer)
 # -- end of the user layer block --
+from .grad_sync import no_sync  # noqa: E402

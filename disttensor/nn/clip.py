@@ -5,7 +5,7 @@ The global norm of distributed gradients is computed with ordinary ops on the gr
 own layouts, so each element counts once: a sharded gradient's squared sum is a Partial scalar
 (summed across its shards), a replicated one is counted once, a Partial gradient is reduced
 before it is squared. The squared sums of one mesh are added while still Partial, so the
-whole norm costs one all-reduce per mesh. Low-precision gradients are squared and summed in
+total costs one all-reduce per mesh dim, whatever the number of gradients. Low-precision gradients are squared and summed in
 float32 (a GradScaler's ``unscale_`` then a clip works as in PyTorch). With ZeRO-2/3 the
 gradients are sharded, so the norm comes from the shards.
 """
@@ -46,7 +46,7 @@ def _sq_sum(g: Tensor) -> Tensor:
 
 def global_norm(grads: Iterable[Tensor]) -> Tensor:
     """The 2-norm of all ``grads`` together, as a 0-d tensor (each element counted once; one
-    all-reduce per mesh). Gradients on several meshes: their squared sums are combined on the
+    all-reduce per mesh dim for the total). Gradients on several meshes: their squared sums are combined on the
     host, read by every rank."""
     by_mesh: dict = {}
     for g in grads:
