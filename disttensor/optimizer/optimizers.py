@@ -64,8 +64,12 @@ class Optimizer:
         if grad_clip is not None and not callable(grad_clip):
             raise TypeError(f"{cls}: grad_clip must be a ClipGradBy* object, got "
                             f"{type(grad_clip).__name__}")
-        self._param_groups = param_groups(cls, parameters, self._group_keys)
-        self._parameter_list = [p for g in self._param_groups for p in g["params"]]
+        groups = param_groups(cls, parameters, self._group_keys)
+        # flat parameter list + each parameter's group index (lists that hold tensors directly,
+        # so code that swaps parameters, as parallelize does, finds them)
+        self._parameter_list = [p for g in groups for p in g["params"]]
+        self._group_index = [i for i, g in enumerate(groups) for _ in g["params"]]
+        self._group_opts = [{k: v for k, v in g.items() if k != "params"} for g in groups]
         self._weight_decay = None if weight_decay is None else float(weight_decay)
         self._grad_clip = grad_clip
         # accumulator name -> id(param) -> state Tensor
@@ -103,7 +107,12 @@ class Optimizer:
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The parameter groups (dicts with "params" and the group's hyperparameters)."""
-        return self._param_groups
+        return [{"params": [p for p, i in zip(self._parameter_list, self._group_index)
+                            if i == k], **opts} for k, opts in enumerate(self._group_opts)]
+
+    def has_states(self) -> bool:
+        """Whether any state tensor exists (an update ran, or states were created/loaded)."""
+        return any(self._accumulators.values())
 
     # -- gradients ----------------------------------------------------------------------------
     def clear_grad(self, set_to_zero: bool = True) -> None:
@@ -121,15 +130,14 @@ class Optimizer:
     def step(self) -> None:
         """One update of every parameter that has a gradient (clipped by ``grad_clip``)."""
         pairs, groups = [], []
-        for group in self._param_groups:
-            for p in group["params"]:
-                if p.stop_gradient or p.grad is None:
-                    continue
-                if list(p.grad.shape) != p.shape:
-                    raise ValueError(f"{type(self).__name__}.step: gradient of '{p._label()}' "
-                                     f"has shape {p.grad.shape}, the parameter {p.shape}")
-                pairs.append((p, p.grad))
-                groups.append(group)
+        for p, i in zip(self._parameter_list, self._group_index):
+            if p.stop_gradient or p.grad is None:
+                continue
+            if list(p.grad.shape) != p.shape:
+                raise ValueError(f"{type(self).__name__}.step: gradient of '{p._label()}' "
+                                 f"has shape {p.grad.shape}, the parameter {p.shape}")
+            pairs.append((p, p.grad))
+            groups.append(self._group_opts[i])
         if not pairs:
             return
         if self._grad_clip is not None:
@@ -317,7 +325,7 @@ class Adam(Optimizer):
         epsilon = epsilon if eps is None else eps
         self._beta1, self._beta2, self._epsilon = self._check_betas(beta1, beta2, epsilon)
         super().__init__(learning_rate, parameters, weight_decay, grad_clip)
-        for group in self._param_groups:
+        for group in self._group_opts:
             self._check_betas(*(self._hyper(group, k) for k in self._group_keys))
 
     def _check_betas(self, beta1: float, beta2: float, epsilon: float) -> tuple[float, ...]:
