@@ -19,9 +19,10 @@ import torch.nn.functional as TF
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
-import disttensor as dt  # noqa: E402
-import disttensor.nn.functional as F  # noqa: E402
-from train import GPT, SIZES, gpt_data  # noqa: E402
+from train import GPT, SIZES, gpt_data
+
+import disttensor as dt
+import disttensor.nn.functional as F
 
 STEPS, BATCH, LR, WD, CLIP, WARMUP = 20, 8, 3e-3, 0.1, 0.5, 4
 

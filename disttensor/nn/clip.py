@@ -12,7 +12,7 @@ gradients are sharded, so the norm comes from the shards.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

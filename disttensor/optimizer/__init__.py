@@ -6,4 +6,4 @@ from . import lr
 from .lr import LRScheduler
 from .optimizers import SGD, Adam, AdamW, Momentum, Optimizer
 
-__all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW", "LRScheduler", "lr"]
+__all__ = ["SGD", "Adam", "AdamW", "LRScheduler", "Momentum", "Optimizer", "lr"]

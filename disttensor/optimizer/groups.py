@@ -7,7 +7,8 @@ override the optimizer's hyperparameters for the group's parameters.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..tensor import Tensor
 from .lr import LRScheduler

@@ -17,10 +17,20 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["LRScheduler", "LinearWarmup", "CosineAnnealingDecay", "StepDecay", "MultiStepDecay",
-           "ExponentialDecay", "PolynomialDecay", "OneCycleLR", "LambdaDecay"]
+__all__ = [
+    "CosineAnnealingDecay",
+    "ExponentialDecay",
+    "LRScheduler",
+    "LambdaDecay",
+    "LinearWarmup",
+    "MultiStepDecay",
+    "OneCycleLR",
+    "PolynomialDecay",
+    "StepDecay",
+]
 
 
 def _positive(cls: str, arg: str, value: Any, integer: bool = False) -> None:

@@ -21,7 +21,8 @@ decoupled decay for AdamW (``param *= 1 - lr * wd`` before the Adam update), as 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from ..tensor import Tensor
 from .groups import param_groups, torch_args
 from .lr import LRScheduler
 
-__all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW"]
+__all__ = ["SGD", "Adam", "AdamW", "Momentum", "Optimizer"]
 
 
 class Optimizer:

@@ -219,7 +219,7 @@ def _stepped_adam():
 
 
 def test_set_state_dict_into_fresh_optimizer_creates_states():
-    ps, opt = _stepped_adam()
+    _, opt = _stepped_adam()
     saved = {k: v.numpy() for k, v in opt.state_dict().items()}
     qs = _params()
     opt2 = dt.optimizer.Adam(0.01, parameters=qs)     # no states yet
@@ -229,7 +229,7 @@ def test_set_state_dict_into_fresh_optimizer_creates_states():
 
 
 def test_set_state_dict_strict():
-    ps, opt = _stepped_adam()
+    _, opt = _stepped_adam()
     saved = {k: v.numpy() for k, v in opt.state_dict().items()}
     opt2 = dt.optimizer.Adam(0.01, parameters=_params())
     before = {k: v.numpy() for k, v in opt2.state_dict().items()}

@@ -8,13 +8,13 @@ import math
 
 import numpy as np
 import pytest
+from parallel_models import TwoLayer
 
 import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import Partial, Replicate, Shard
 from disttensor.nn.clip import global_norm
-from parallel_models import TwoLayer
 
 pytestmark = pytest.mark.mpi
 
