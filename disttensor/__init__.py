@@ -53,6 +53,7 @@ from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Gr
                        parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
                        shard_layer)
 # -- end of the user layer block --
+from .grad_sync import no_sync  # noqa: E402
 
 # -- mixed precision --
 from .dtype import bfloat16  # noqa: E402

@@ -18,12 +18,21 @@
   when final, blocking. Both ops go through the seam like every other op, so captured programs
   record and replay the same start/wait pairs at the same points of the backward.
   :func:`set_overlap` (False) starts every bucket only after the backward (for comparisons).
+* **Accumulation without sync.** Inside :func:`no_sync` (``with dt.no_sync(model):``) the
+  gradients of the model's parameters skip the data-parallel sync: each keeps its Partial mesh
+  dims (the leaf's layout otherwise), and backwards accumulate into ``.grad`` without
+  communication. The first backward outside adds the held Partial gradient to its own before
+  the sync, so an accumulation of N micro-batches costs one sync: one all-reduce (in a bucket)
+  under data parallelism, one reduce-scatter under ZeRO-2. ``.grad`` always holds the right
+  values (a Partial gradient reads as its sum).
 """
 from __future__ import annotations
 
 import weakref
 from collections import deque
+from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -39,13 +48,14 @@ from .schema import OPS, register
 from .tensor import Tensor
 
 __all__ = ["set_grad_layout", "grad_layout", "to_leaf_layout", "set_bucket_bytes",
-           "bucket_bytes", "set_overlap", "LeafGradSync"]
+           "bucket_bytes", "set_overlap", "LeafGradSync", "no_sync"]
 
 # id(leaf) -> (weak reference to the leaf, mesh, DistAttr of its gradient); an entry goes when
 # its leaf dies (Tensor's == is elementwise, so no WeakKeyDictionary)
 _GRAD_LAYOUTS: dict[int, tuple[weakref.ref, ProcessMesh, DistAttr]] = {}
 _BUCKET_BYTES = [25 * 2 ** 20]
 _OVERLAP = [True]
+_NO_SYNC: list[set[int]] = []    # ids of the leaves of each open no_sync context
 
 
 def set_grad_layout(leaf: Tensor, mesh: ProcessMesh | None, attr: DistAttr | None) -> None:
@@ -68,12 +78,56 @@ def grad_layout(leaf: Tensor) -> tuple[ProcessMesh, DistAttr] | None:
     return (lv.mesh, lv.dist_attr) if type(lv) is DistTensor else None
 
 
+@contextmanager
+def no_sync(model: Any) -> Iterator[None]:
+    """Backwards inside skip the data-parallel gradient sync of ``model``'s parameters (a
+    Layer, or an iterable of parameters); the first backward after the context syncs the
+    accumulated gradients once (see the module notes).
+
+    Example::
+
+        for i, (x, y) in enumerate(micro_batches):
+            ctx = dt.no_sync(model) if i < len(micro_batches) - 1 else contextlib.nullcontext()
+            with ctx:
+                (loss_fn(model(x), y) / len(micro_batches)).backward()
+        opt.step(); opt.clear_grad(set_to_zero=False)
+    """
+    params = model.parameters() if hasattr(model, "parameters") else model
+    if isinstance(params, Tensor):
+        params = [params]
+    ids = set()
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"no_sync: model must be a Layer or an iterable of Tensors; item "
+                            f"{i} is a {type(p).__name__}")
+        ids.add(id(p))
+    _NO_SYNC.append(ids)
+    try:
+        yield
+    finally:
+        _NO_SYNC.remove(ids)
+
+
+def _deferred(leaf: Tensor) -> bool:
+    return any(id(leaf) in ids for ids in _NO_SYNC)
+
+
+def _held_layout(attr: DistAttr, g_attr: DistAttr) -> DistAttr:
+    """``attr`` with the Partial mesh dims of ``g_attr`` kept Partial (not sharded on)."""
+    pending = dict(g_attr.partial)
+    dims = tuple(tuple(m for m in dm if m not in pending) for dm in attr.dims_mapping)
+    return DistAttr(attr.mesh_shape, dims, tuple(pending.items()))
+
+
 def to_leaf_layout(leaf: Tensor, g: Tensor) -> Tensor:
     """``g`` in the layout :func:`grad_layout` gives ``leaf`` (dense for a dense leaf) and in
-    the leaf's dtype."""
+    the leaf's dtype; inside :func:`no_sync`, with ``g``'s Partial dims kept."""
     target = grad_layout(leaf)
     if target is not None:
         mesh, attr = target
+        gv = g._value
+        if _deferred(leaf) and type(gv) is DistTensor and gv.mesh == mesh:
+            attr = _held_layout(attr, gv.dist_attr)
         if type(g._value) is not DistTensor or g._value.mesh != mesh \
                 or g._value.dist_attr != attr:
             g = reshard_to(g, mesh, attr)
@@ -240,9 +294,17 @@ class LeafGradSync:
         self.full: list = []                 # filled buckets not started (overlap off)
         self.started: list = []              # (leaves, bucket tensor, wait plan, queue)
         self.done: list[tuple[Tensor, Tensor]] = []
+        self.merged: list[Tensor] = []       # leaves whose held .grad is inside their sync
 
     def ready(self, leaf: Tensor, g: Tensor) -> None:
         """``g`` is ``leaf``'s final gradient of this backward."""
+        if _deferred(leaf):
+            self.done.append((leaf, to_leaf_layout(leaf, g)))
+            return
+        held = leaf.grad
+        if held is not None and held.is_dist() and held._value.dist_attr.partial:
+            g = g + held                  # the held Partial gradient joins this sync
+            self.merged.append(leaf)
         key = _bucket_key(leaf, g) if self.limit else None
         if key is None:
             self.done.append((leaf, to_leaf_layout(leaf, g)))
@@ -278,6 +340,8 @@ class LeafGradSync:
             leaves, bucket, wait, _ = self.started.pop(0)
             out = run(wait, (bucket,), {"mesh": bucket._value.mesh}, needs_grad=False)
             self.done.extend((leaf, to_leaf_layout(leaf, g)) for leaf, g in zip(leaves, out[1:]))
+        for leaf in self.merged:          # the synced gradient replaces the held one
+            leaf.grad = None
         return self.done
 
     def abandon(self) -> None:

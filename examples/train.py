@@ -18,6 +18,7 @@ to floating-point tolerance (tests/examples check it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -149,10 +150,13 @@ SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
 
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
           dtype: str = "float32", size: str = "default", sharding: int = 0,
-          device: str = "cpu"):
+          device: str = "cpu", clip: float | None = None, lr_schedule: str = "constant",
+          steps: int = 50):
     """(model, optimizer, batches): the model of ``SIZES[size]`` placed on ``mesh`` (dense
     without one) and moved to ``device``, AdamW (ZeRO stage ``sharding`` on the dp mesh dim
-    when > 0), and the four global (x, y) batches the steps cycle through."""
+    when > 0; gradients clipped to global norm ``clip``; ``lr_schedule`` "warmup-cosine": a
+    linear warmup over the first tenth of ``steps``, then cosine decay), and the four global
+    (x, y) batches the steps cycle through."""
     dt.seed(seed)
     rng = np.random.default_rng(seed)
     dims = SIZES[size][model_name]
@@ -171,7 +175,12 @@ def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 
     elif mesh is not None:
         dt.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": GPT_PLAN}})
     model.to(device=device)
-    opt = dt.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.01)
+    if lr_schedule == "warmup-cosine":
+        warmup = max(1, steps // 10)
+        lr = dt.optimizer.lr.LinearWarmup(dt.optimizer.lr.CosineAnnealingDecay(lr, T_max=steps),
+                                          warmup, start_lr=0.0, end_lr=lr)
+    opt = dt.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.01,
+                             grad_clip=nn.ClipGradByGlobalNorm(clip) if clip else None)
     if sharding:
         if mesh is None:
             raise SystemExit("train.py: --sharding needs a mesh (drop --dense)")
@@ -226,6 +235,21 @@ def amp_setup(args, model: nn.Layer, opt):
     return model, opt, {"level": args.amp, "dtype": args.amp_dtype, "scaler": scaler}
 
 
+def accumulate_step(model: nn.Layer, opt, micro: list) -> float:
+    """One step over micro-batches ``[(x, y), ...]``: each loss scaled by 1/N, the gradient
+    sync skipped (``dt.no_sync``) for all but the last; returns the mean loss."""
+    total = 0.0
+    for k, (x, y) in enumerate(micro):
+        ctx = dt.no_sync(model) if k < len(micro) - 1 else contextlib.nullcontext()
+        with ctx:
+            loss = F.cross_entropy(model(x), y) / len(micro)
+            loss.backward()
+        total += float(loss.numpy())
+    opt.step()
+    opt.clear_grad(set_to_zero=False)
+    return total
+
+
 def _checkpoint(model: nn.Layer, opt, step: int) -> dict:
     """Everything a resumed run needs: parameters and buffers, optimizer states (ZeRO-sharded
     ones as they are), the step count and the global generator (dropout's masks)."""
@@ -252,11 +276,18 @@ def resume(path: str, model: nn.Layer, opt) -> int:
 
 def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype,
-                                sharding=args.sharding, device=args.device)
+                                sharding=args.sharding, device=args.device, clip=args.clip,
+                                lr_schedule=args.lr_schedule, steps=args.steps)
     model, opt, amp = amp_setup(args, model, opt)
+    sched = opt._learning_rate if args.lr_schedule != "constant" else None
+    if args.accumulate > 1 and (args.to_static or args.batch % args.accumulate or amp):
+        raise SystemExit("train.py: --accumulate needs eager mode without --amp and a --batch it "
+                         "divides")
     first = 1
     if args.resume:
         first = resume(os.path.join(args.resume, model_name), model, opt) + 1
+        if sched is not None:
+            sched.step(first - 1)
 
     def step_fn(x, y):
         return train_step(model, opt, x, y, amp)
@@ -266,9 +297,16 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     rank0 = dt.get_rank() == 0
     for step in range(first, args.steps + 1):
         t0 = time.perf_counter()
-        x, y = to_tensors(*batches[(step - 1) % 4], mesh, args.device)
-        loss = step_fn(x, y)
-        value = float(loss.numpy())
+        xb, yb = batches[(step - 1) % 4]
+        if args.accumulate > 1:
+            m = args.batch // args.accumulate
+            value = accumulate_step(model, opt, [
+                to_tensors(xb[k:k + m], yb[k:k + m], mesh, args.device)
+                for k in range(0, args.batch, m)])
+        else:
+            value = float(step_fn(*to_tensors(xb, yb, mesh, args.device)).numpy())
+        if sched is not None:
+            sched.step()
         losses.append(value)
         dt_step = time.perf_counter() - t0
         if rank0 and (step % args.log_interval == 0 or step == 1):
@@ -319,6 +357,11 @@ def main(argv=None) -> dict:
                    help="after the last step, save a checkpoint per model under DIR")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="resume from the checkpoints in DIR (any mesh or world size)")
+    p.add_argument("--clip", type=float, default=None, metavar="NORM",
+                   help="clip gradients to this global norm (default: no clipping)")
+    p.add_argument("--accumulate", type=int, default=1, metavar="N",
+                   help="split each batch into N micro-batches, one optimizer step (eager)")
+    p.add_argument("--lr-schedule", default="constant", choices=["constant", "warmup-cosine"])
     p.add_argument("--loss-out", default=None, help="write the loss curves as JSON here")
     p.add_argument("--amp", default=None, choices=["O1", "O2"],
                    help="mixed precision: O1 autocast, O2 low-precision model + fp32 masters")

@@ -13,6 +13,8 @@ from .conv import (AdaptiveAvgPool2D, AdaptiveMaxPool2D, AvgPool2D, Conv1D, Conv
 from .containers import LayerDict, ParameterList  # noqa: E402
 from .norm import RMSNorm  # noqa: E402
 from .attention import MultiHeadAttention  # noqa: E402
+from .clip import ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue  # noqa: E402
+from . import utils  # noqa: E402
 
 # PyTorch's names for the same classes (Paddle semantics)
 Module = Layer

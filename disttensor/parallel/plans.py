@@ -74,7 +74,7 @@ def _rebind_optimizer(fn: str, optimizer: Any, mapping: dict[int, Tensor]) -> No
     It refuses an optimizer that already has state (built from the dense parameters)."""
     if optimizer is None or not mapping:
         return
-    if optimizer.state_dict():
+    if optimizer.has_states():
         raise ValueError(f"{fn}: the optimizer already has state; create it (from "
                          "model.parameters()) and parallelize before the first step")
     for attr, value in list(vars(optimizer).items()):

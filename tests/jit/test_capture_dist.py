@@ -111,7 +111,7 @@ def test_numpy_inside_a_step_raises_on_every_rank_and_changes_nothing(comm):
     for k, v in model.state_dict().items():
         np.testing.assert_array_equal(v.numpy(), before[k], err_msg=k)
     assert all(p.grad is None for p in model.parameters())
-    assert not opt.state_dict(), "the optimizer's states made during the capture are forgotten"
+    assert not opt.has_states(), "the optimizer's states made during the capture are forgotten"
     assert dt.generator.default_generator.rng.bit_generator.state == seed
     assert sf.captures == 0
 

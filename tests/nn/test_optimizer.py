@@ -104,9 +104,14 @@ def test_skips_params_without_grad_and_frozen():
     assert not np.allclose(a.weight.numpy(), before[0])
     for p, b in zip(params[1:], before[1:]):
         np.testing.assert_array_equal(p.numpy(), b)
-    assert list(opt.state_dict()) == [f"{a.weight.name}_moment1_0", f"{a.weight.name}_moment2_0",
-                                      f"{a.weight.name}_beta1_pow_acc_0",
-                                      f"{a.weight.name}_beta2_pow_acc_0"]
+    # the state dict names every trainable parameter's states (frozen ones: none); only the
+    # weight's moments moved
+    sd = opt.state_dict()
+    trainable = [a.weight, a.bias, frozen.bias]
+    assert list(sd) == [f"{p.name}_{n}_0" for p in trainable
+                        for n in ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc")]
+    assert np.any(sd[f"{a.weight.name}_moment1_0"].numpy() != 0)
+    assert not np.any(sd[f"{a.bias.name}_moment1_0"].numpy())
 
 
 def test_training_loop_grads_and_clear_grad():
