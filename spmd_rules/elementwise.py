@@ -6,9 +6,10 @@ from typing import Any
 
 from .placement import LINEAR_REDUCE_TYPES, ReduceType
 from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, prod, register_rule
+from .dist_attr import DistAttr
 from .einsum import broadcast_notations, layout, linear_partial, merge_shardings
 
-__all__ = ["elementwise"]
+__all__ = ["elementwise", "optimizer_update"]
 
 _LINEAR_KINDS = (None, "add", "mul", "unary", "like", "max", "min")
 
@@ -80,3 +81,24 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     inputs = tuple(layout(n, merged, mesh, p) for n, p in zip(notations, kept))
     out = layout(range(len(out_shape)), merged, mesh, out_partial)
     return SpmdResult(inputs, (TensorMeta(out_shape, out),) * int(attrs.get("num_outputs", 1)))
+
+
+@register_rule("optimizer_update")
+def optimizer_update(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """An optimizer's fused update: the first ``attrs["tensor_inputs"]`` inputs (parameter,
+    gradient, per-element states) follow :func:`elementwise`; the others (Adam's beta powers,
+    the learning rate: one element each) are required Replicate whatever the parameter's layout
+    (a one-element parameter sharded over a mesh dim must not shard them). Of the
+    ``attrs["num_outputs"]`` outputs the first ``attrs["tensor_outputs"]`` get the parameter's
+    layout, the others are replicated."""
+    op = op_name(attrs, "optimizer_update")
+    n_in, n_out = int(attrs["tensor_inputs"]), int(attrs["tensor_outputs"])
+    if len(metas) < n_in or any(m is None for m in metas):
+        raise ValueError(f"{op}: every input must be a tensor, got {list(metas)}")
+    mesh = mesh_shape_of(op, metas)
+    head = elementwise(metas[:n_in], {**attrs, "num_outputs": 1})
+    rest = tuple(DistAttr.replicated(len(m.shape), mesh) for m in metas[n_in:])
+    out = head.outputs[0]
+    scalars = tuple(TensorMeta(tuple(m.shape), a) for m, a in zip(metas[n_in:], rest))
+    outputs = (out,) * n_out + scalars[:int(attrs["num_outputs"]) - n_out]
+    return SpmdResult(tuple(head.inputs) + rest, outputs)

@@ -73,10 +73,13 @@ def _sgd_kernel(xp, param, grad, lr, l2, lr_scale):
     return param
 
 
-register("adam_update", _adam_kernel, rule="elementwise", n_out=5,
+register("adam_update", _adam_kernel, rule="optimizer_update", n_out=5,
          mutates=((0, 0), (2, 1), (3, 2), (4, 3), (5, 4)), dtype=lambda d, a: (
-             d[0], d[2], d[3], d[4], d[5]), rule_attrs={"num_outputs": 5})
-register("momentum_update", _momentum_kernel, rule="elementwise", n_out=2,
+             d[0], d[2], d[3], d[4], d[5]),
+         rule_attrs={"num_outputs": 5, "tensor_inputs": 4, "tensor_outputs": 3})
+register("momentum_update", _momentum_kernel, rule="optimizer_update", n_out=2,
          mutates=((0, 0), (2, 1)), dtype=lambda d, a: (d[0], d[2]),
-         rule_attrs={"num_outputs": 2})
-register("sgd_update", _sgd_kernel, rule="elementwise", mutates=((0, 0),), dtype=same_dtype(0))
+         rule_attrs={"num_outputs": 2, "tensor_inputs": 3, "tensor_outputs": 2})
+register("sgd_update", _sgd_kernel, rule="optimizer_update", mutates=((0, 0),),
+         dtype=same_dtype(0), rule_attrs={"num_outputs": 1, "tensor_inputs": 2,
+                                           "tensor_outputs": 1})

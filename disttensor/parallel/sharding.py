@@ -92,9 +92,11 @@ class _ShardingStage:
         return v.mesh, dp_layout(tuple(v.shape), v.dist_attr, self.dim_on(v.mesh))
 
     def __call__(self, accumulator_name: str, param: Tensor, accumulator: Tensor) -> Tensor:
-        """Paddle's shard_fn contract: the state tensor of ``param`` in the dp layout (states
-        of another shape, Adam's beta powers, are returned as they are)."""
-        if not param.is_dist() or accumulator.shape != param.shape:
+        """Paddle's shard_fn contract: the state tensor of ``param`` in the dp layout. Adam's
+        beta powers (``*_pow_acc``, one element whatever the parameter's shape) and states of
+        another shape are returned as they are."""
+        if not param.is_dist() or accumulator.shape != param.shape or \
+                accumulator_name.endswith("_pow_acc"):
             return accumulator
         mesh, attr = self.layout(param)
         with no_grad():
