@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Optional, Sequence
 
 from ._common import (
@@ -122,6 +123,13 @@ if is_mpi():
     failure.install()
 
 
+class _Forming:
+    """The group being created, as the watchdog sees it (its members' global ranks)."""
+
+    def __init__(self, ranks: tuple):
+        self.ranks = ranks
+
+
 def world() -> ProcessGroup:
     return init()
 
@@ -164,10 +172,16 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
         else:
             from ._mpi import MPIGroup
 
-            wcomm = w.comm
-            grp = wcomm.Get_group().Incl(list(key))
-            comm = wcomm.Create_group(grp)
-            grp.Free()
-            g = MPIGroup(comm, key)
+            # collective over the members: watched like one (a member elsewhere is reported)
+            failure.Watch.now = (_Forming(key), "new_group", (), -1, time.monotonic(),
+                                 sys._getframe(1))
+            try:
+                wcomm = w.comm
+                grp = wcomm.Get_group().Incl(list(key))
+                comm = wcomm.Create_group(grp)
+                grp.Free()
+                g = MPIGroup(comm, key)
+            finally:
+                failure.Watch.now = None
         _groups[key] = g
         return g
