@@ -12,7 +12,8 @@ once every member of the group has posted the same header for the same call:
   all-gather, the itemsize of a sendrecv; 0 for a barrier), 34 low bits.
 
 Headers live in a small table that every member maps (a memfd of ``SLOTS`` rows, one 8-byte word
-per member and row; row ``seq % SLOTS``): posting is one store, checking one slice of the row.
+per member and row; row ``seq % SLOTS``): posting is one store, checking reads the row once
+(about 0.3 µs on a quiet core, ``benchmarks/collectives.py``).
 Since no rank passes call ``seq`` before every member has posted it, a member is at most one
 call ahead, and rows are never overwritten while read. A member whose word in the row holds the
 same ``seq`` with another header is in another collective: every member sees the difference
@@ -31,7 +32,7 @@ from typing import Optional
 
 from ._common import REDUCE_OPS
 
-SLOTS = 4
+SLOTS = 4  # a power of two: the row is ``seq & (SLOTS - 1)``
 SEQ_BITS, KIND_BITS, BYTE_BITS = 24, 6, 34
 SEQ_SHIFT = KIND_BITS + BYTE_BITS
 SEQ_MASK, BYTE_MASK = (1 << SEQ_BITS) - 1, (1 << BYTE_BITS) - 1
@@ -63,47 +64,41 @@ def decode(h: int) -> str:
 
 
 class Board:
-    """The header table of one group, mapped by every member (see the module docstring)."""
+    """The header table of one group, mapped by every member (see the module docstring).
 
-    __slots__ = ("words", "size", "rank", "_map")
+    ``rows[seq % SLOTS]`` holds every member's header word for call ``seq``. The collective's
+    fast path (``ProcessGroup._begin``) posts into the row itself and counts the words equal to
+    its own; only when some differ does it call :meth:`wait`."""
+
+    __slots__ = ("rows", "size", "rank", "_map", "_words")
 
     def __init__(self, buf: mmap.mmap, size: int, rank: int):
         self._map = buf
-        self.words = memoryview(buf).cast("Q")
+        self._words = memoryview(buf).cast("Q")
+        self.rows = [self._words[s * size:(s + 1) * size] for s in range(SLOTS)]
         self.size, self.rank = size, rank
 
-    def post(self, h: int) -> int:
-        """Post header ``h`` (sequence number included); returns its row's first word."""
-        base = (h >> SEQ_SHIFT) % SLOTS * self.size
-        self.words[base + self.rank] = h
-        return base
-
-    def row(self, base: int) -> list:
-        return self.words[base:base + self.size].tolist()
-
-    def agree(self, h: int) -> Optional[dict]:
-        """Post ``h`` and wait until every member has posted the same header for this call:
-        None then, or ``{rank: header}`` of the members that posted this call's sequence number
-        with another header (the caller raises)."""
-        base = self.post(h)
-        words = self.words[base:base + self.size]
-        if words.tolist().count(h) == self.size:
-            return None
+    def wait(self, row: memoryview, h: int) -> Optional[list]:
+        """Wait until every member has posted header ``h`` (posted already by this rank) in
+        ``row``: None then, or the row's words as soon as a member posted this call's sequence
+        number with another header (the caller raises)."""
         seq = h >> SEQ_SHIFT
         t0 = time.monotonic()
         while True:
-            row = words.tolist()
-            if row.count(h) == self.size:
+            words = row.tolist()
+            if words.count(h) == self.size:
                 return None
-            if any(w and w != h and w >> SEQ_SHIFT == seq for w in row):
-                return {r: w for r, w in enumerate(row) if w and w >> SEQ_SHIFT == seq}
+            if any(w and w != h and w >> SEQ_SHIFT == seq for w in words):
+                return words
             if time.monotonic() - t0 < 0.05:
                 os.sched_yield()  # (GIL released: the watchdog runs meanwhile)
             else:
                 time.sleep(0.001)
 
     def close(self) -> None:
-        self.words.release()
+        for r in self.rows:
+            r.release()
+        self._words.release()
         self._map.close()
 
 

@@ -225,9 +225,9 @@ def my_state(ranks: tuple) -> tuple:
     return ("out", "?" if frame is None else call_site(frame), _issued(ranks))
 
 
-def mismatch_error(group, cur: tuple, row: list, h: int) -> Exception:
+def mismatch_error(group, cur: tuple, row, h: int) -> Exception:
     """The error every member raises when the header table shows members in different calls
-    (``row``: each member's header word for this call, ``h`` this rank's): it names each
+    (``row``: the table's row of this call, ``h`` this rank's header): it names each
     member's call and call site (exchanged over the failure channel, waiting up to 2 s) and
     blames the minority call, the side that went through ``Tensor.numpy()`` on a tie."""
     from ._common import CollectiveMismatchError
@@ -241,13 +241,12 @@ def mismatch_error(group, cur: tuple, row: list, h: int) -> Exception:
         end = time.monotonic() + 2.0
         while time.monotonic() < end:
             c.drain()
-            posted = [ranks[i] for i, w in enumerate(row) if w and w >> SEQ_SHIFT == seq]
+            posted = [ranks[i] for i, w in enumerate(row.tolist()) if w and w >> SEQ_SHIFT == seq]
             calls.update(c.sites.get((ranks, index), {}))
             if all(r in calls for r in posted):
                 break
             time.sleep(0.01)
-            row = group._board.row(group._board.post(h))
-    heads = {ranks[i]: w for i, w in enumerate(row) if w and w >> SEQ_SHIFT == seq}
+    heads = {ranks[i]: w for i, w in enumerate(row.tolist()) if w and w >> SEQ_SHIFT == seq}
     kinds = list(heads.values())
     blame = min(heads, key=lambda r: (kinds.count(heads[r]),
                                       "Tensor.numpy()" not in calls.get(r, ("", "", ""))[2], r))

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from . import _common as C
-from ._headers import header, with_seq
+from ._headers import SEQ_MASK, SEQ_SHIFT, SLOTS, header
 from .failure import Watch
 
 _BARRIER_HEADER, _META_HEADER = header("barrier", None, 0), header("exchange_metadata", None, 0)
@@ -61,10 +61,12 @@ class ProcessGroup:
         self._call_index = index + 1
         Watch.now = (self, name, sig, index, _monotonic(), _getframe(depth))
         board = self._board
-        if board is not None:
-            h = with_seq(head, index)
-            if board.agree(h) is not None:
-                self._header_mismatch(name, sig, h)
+        if board is not None:  # post this call's header; wait for the members' (``_headers``)
+            h = head | (index & SEQ_MASK) << SEQ_SHIFT
+            row = board.rows[index & (SLOTS - 1)]
+            row[board.rank] = h
+            if row.tolist().count(h) != board.size and board.wait(row, h) is not None:
+                self._header_mismatch(row, h)
         if C.CHECK_COLLECTIVES and self.size > 1:
             try:
                 self._check_agreement(name, index, sig)
@@ -75,13 +77,12 @@ class ProcessGroup:
             C.count(counted or name)
         return index
 
-    def _header_mismatch(self, name: str, sig: tuple, h: int) -> None:
+    def _header_mismatch(self, row, h: int) -> None:
         """Raise, on every member that sees it, the error for members that posted other
         headers for this call (their call sites come over the failure channel)."""
         from .failure import mismatch_error
         try:
-            base = self._board.post(h)
-            raise mismatch_error(self, Watch.now, self._board.row(base), h)
+            raise mismatch_error(self, Watch.now, row, h)
         finally:
             Watch.now = None
 
