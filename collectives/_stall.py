@@ -63,6 +63,8 @@ def diagnose(me: int, states: dict, window: float) -> Optional[tuple[int, str, l
                        f"joining rank {me} there (it has issued {st[-1]} calls on that group); "
                        f"what each rank is doing:\n{others}"), [me]
     seen, todo = {me}, _missing(ranks, index, states)
+    if not todo:
+        return None  # every member is in this call: it is completing, however slowly
     while todo:
         r = todo.pop()
         if r in seen:
