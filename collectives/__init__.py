@@ -24,9 +24,10 @@ Semantics fixed here (disttensor relies on them):
 - ``DISTTENSOR_BACKEND=mpi|nccl`` chooses how cupy arrays travel (see ``_gpu``).
 - Under MPI, importing this package installs the failure policy of :mod:`collectives.failure`
   (unhandled exceptions and exits end the job; a watchdog over blocked collectives,
-  ``DISTTENSOR_TIMEOUT``); collectives of different kinds or reduce ops travel on different
-  communicators, so ranks that call mismatched ones block (and are reported) instead of
-  exchanging wrong data.
+  ``DISTTENSOR_TIMEOUT``, a stall probe after ``DISTTENSOR_STALL_TIMEOUT``); before any data
+  moves the members of a group agree on each call's index, kind and byte count
+  (:mod:`collectives._headers`), so ranks in different calls raise ``CollectiveMismatchError``
+  on every member instead of exchanging wrong data.
 """
 from __future__ import annotations
 

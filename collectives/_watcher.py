@@ -1,5 +1,5 @@
 """Death watcher: names a rank that died outside Python (SIGKILL, segfault, ``os._exit``) under a
-plain ``mpiexec`` (DESIGN §11; ``python -m launch`` names such ranks itself and turns it off).
+plain ``mpiexec`` (``python -m launch`` names such ranks itself and turns it off).
 
 A rank that dies without running Python's exit path cannot report itself, and MPI's process
 manager kills the other ranks while they are blocked in C. So :func:`start` (called by

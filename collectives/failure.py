@@ -1,4 +1,4 @@
-"""What an MPI job does when something goes wrong: it ends, and says which rank did what (DESIGN §11).
+"""What an MPI job does when something goes wrong: it ends, and says which rank did what.
 
 Installed by ``import collectives`` in a process started under MPI (nothing happens otherwise):
 
@@ -158,8 +158,8 @@ class Control:
         self.exited: dict[int, Any] = {}
         self.probes: dict[tuple, dict[int, tuple]] = {}  # (ranks, index) -> {rank: call}
         self.failed: dict[int, str] = {}
-        self.asked: list = []  # [(rank, group ranks)] whose probes await this rank's state
-        self.states: dict[int, tuple] = {}  # rank -> (probe it answers, its state)
+        self.asked: list = []  # [(rank, group ranks, ask)] of probes awaiting this rank's state
+        self.states: dict[int, tuple] = {}  # rank -> (group ranks, ask, state): latest answer
         self.sites: dict[tuple, dict[int, tuple]] = {}  # (ranks, index) -> mismatched calls
         self._reqs: list = []
 
@@ -180,11 +180,11 @@ class Control:
                 msg = self.comm.recv(source=src, tag=tag)
                 if tag == _TAG_EXIT:
                     self.exited[src] = msg
-                elif tag == _TAG_PROBE:  # (ranks, index, name, sig, site): where src waits
-                    self.probes.setdefault(msg[:2], {})[src] = msg[2:]
-                    self.asked.append((src, msg[0]))
-                elif tag == _TAG_STATE:
-                    probe, state = msg
+                elif tag == _TAG_PROBE:  # (ranks, index, name, sig, site, ask): where src waits
+                    self.probes.setdefault(msg[:2], {})[src] = msg[2:5]
+                    self.asked.append((src, msg[0], msg[5]))
+                elif tag == _TAG_STATE:  # (ranks, ask, state): the answer to a probe
+                    state = msg[2]
                     self.states[src] = msg
                     if state[0] == "in":
                         self.probes.setdefault(state[1:3], {})[src] = state[3:6]
@@ -198,8 +198,8 @@ class Control:
         while self.asked:
             with self.lock:
                 asked, self.asked = self.asked, []
-            for src, ranks in asked:
-                self.send_all((src,), _TAG_STATE, (ranks, my_state(ranks)))
+            for src, ranks, ask in asked:
+                self.send_all((src,), _TAG_STATE, (ranks, ask, my_state(ranks)))
 
     def finish_sends(self) -> None:
         from mpi4py import MPI
@@ -276,6 +276,7 @@ class Watchdog(threading.Thread):
         self.stopped = threading.Event()
         self._probed = None  # (group, index, t0) of the call last probed for, and when
         self._asked_at = 0.0
+        self._ask = 0  # probes sent (answers name the probe they answer)
         self._mismatch: dict = {}
         self._errors: set = set()
 
@@ -328,12 +329,12 @@ class Watchdog(threading.Thread):
         key = (group.ranks, index, t0)
         if self._probed != key or now - self._asked_at >= max(stall_after(), REPLY_WAIT + 3):
             # ask every rank where it is (members compare calls; the others answer too)
-            self._probed, self._asked_at = key, now
-            c.states = {}
+            self._probed, self._asked_at, self._ask = key, now, self._ask + 1
             c.send_all(range(c.size), _TAG_PROBE, (group.ranks, index, name, sig,
-                                                   call_site(frame)))
+                                                   call_site(frame), self._ask))
             return
-        states = {r: s for r, (ranks, s) in c.states.items() if ranks == group.ranks}
+        states = {r: s for r, (ranks, ask, s) in c.states.items()
+                  if ranks == group.ranks and ask == self._ask}  # this round's answers
         states[me] = my_state(group.ranks)
         if len(states) == c.size or now - self._asked_at >= REPLY_WAIT:
             verdict = diagnose(me, states, now - self._asked_at)
@@ -341,8 +342,11 @@ class Watchdog(threading.Thread):
             if verdict is not None and (me <= min(verdict[2]) or
                                         now - self._asked_at >= REPLY_WAIT + 2):
                 abort(verdict[1])
-        if waited >= _timeout:
-            arrived = sorted(set(peers) | {me})
+        # one report: the lowest rank in the call gives it, the others only if it does not
+        arrived = sorted(set(peers) | {me})
+        if waited >= _timeout + (0 if me == arrived[0] else 2):
+            latest = {r: s for r, (ranks, _, s) in c.states.items() if ranks == group.ranks}
+            states = {**latest, **states}
             missing = [r for r in group.ranks if r not in arrived]
             blame = self.root_cause(missing, states) if missing else me
             lines = "\n".join("  " + state_line(r, states.get(r)) for r in range(c.size))
