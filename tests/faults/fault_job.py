@@ -67,7 +67,7 @@ if FAULT == "raise_optimizer" and RANK == BAD:
         raise RuntimeError("fault raise_optimizer")
     opt._update = failing_update
 
-steps = STEPS - 1 if hit("one_step_fewer") else STEPS
+steps = STEPS - 1 if FAULT == "one_step_fewer" and RANK == BAD else STEPS
 for step in range(steps):
     x = dt.shard_tensor(x_data, mesh, x_pl)
     logits = dt.matmul(x, w).relu()
@@ -118,6 +118,7 @@ for step in range(steps):
         hit("swapped_collectives", step)
         t = dt.to_tensor(np.ones(4))
         dt.all_reduce(t, op=dt.ReduceOp.MAX if RANK == BAD else dt.ReduceOp.SUM)
+hit("one_step_fewer")  # rank 1's last loss.numpy() meets the others' next step
 print(f"rank {RANK} final loss {float(loss.numpy()):.6f}", flush=True)
 if FAULT == "os_exit_all":  # every rank leaves without Python's exit path, status 0
     dt.barrier()  # together: hydra SIGKILLs the ranks still running once one leaves unfinalized
