@@ -228,7 +228,7 @@ def my_state(ranks: tuple) -> tuple:
 def mismatch_error(group, cur: tuple, row, h: int) -> Exception:
     """The error every member raises when the header table shows members in different calls
     (``row``: the table's row of this call, ``h`` this rank's header): it names each
-    member's call and call site (exchanged over the failure channel, waiting up to 2 s) and
+    member's call and call site (exchanged over the failure channel, waiting up to 5 s) and
     blames the minority call, the side that went through ``Tensor.numpy()`` on a tie."""
     from ._common import CollectiveMismatchError
     _, name, sig, index, _, frame = cur
@@ -238,7 +238,7 @@ def mismatch_error(group, cur: tuple, row, h: int) -> Exception:
     c = _control
     if c is not None:
         c.send_all(ranks, _TAG_SITE, (ranks, index, name, sig, site))
-        end = time.monotonic() + 2.0
+        end = time.monotonic() + 5.0  # (it ends as soon as every member has told)
         while time.monotonic() < end:
             c.drain()
             posted = [ranks[i] for i, w in enumerate(row.tolist()) if w and w >> SEQ_SHIFT == seq]
