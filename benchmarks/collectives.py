@@ -16,8 +16,14 @@ the baseline moves the same bytes, so the ratio includes our cost of handling th
 (best of several batches, alternating, so load on the machine hits both; plus the number of
 Python function calls each makes, which load does not change), and, timed alone in a
 loop on one process, what the failure policy adds to every collective (the watchdog's entry and
-exit bookkeeping) and to a steady-state ``reshard`` (a cached rank-agreement lookup). Ops between
-the entry points (``dispatch.apply``) run no agreement code: there is none on that path.
+exit bookkeeping; the collective header: posting it and checking the members' headers when
+they have posted theirs, on a table of ``world_size`` members) and to a steady-state
+``reshard`` (a cached rank-agreement lookup). Ops between the entry points
+(``dispatch.apply``) run no agreement code: there is none on that path. Measured twice: wall
+time (``failure_policy_us_per_call``) and this thread's CPU time
+(``failure_policy_cpu_us_per_call``: what the code costs, whatever the load on the machine). ``headers``: the 4 KB
+all_reduce and all_gather with the group's header table against the same calls without it
+(every rank toggles it together, alternating batches), the end-to-end price of the check.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from array import array
 
 import numpy as np
 
@@ -115,13 +122,15 @@ def best_per_call(comm, fn, calls: int, batches: int) -> float:
     return best
 
 
-def loop_cost(fn, calls: int = 200_000) -> float:
-    """Seconds per call of ``fn`` in a tight loop on this process, minus the empty loop's."""
+def loop_cost(fn, calls: int = 200_000, clock=time.perf_counter) -> float:
+    """Seconds per call of ``fn`` in a tight loop on this process, minus the empty loop's
+    (``clock``: wall time, or ``time.thread_time``, which a loaded machine's waits for a core
+    do not inflate)."""
     def run(f):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(calls):
             f()
-        return time.perf_counter() - t0
+        return clock() - t0
     empty = min(run(lambda: None) for _ in range(3))
     return max(0.0, min(run(fn) for _ in range(3)) - empty) / calls
 
@@ -137,6 +146,52 @@ def python_calls(fn, calls: int = 200) -> float:
         fn()
     prof.disable()
     return round(pstats.Stats(prof).total_calls / calls, 1)
+
+
+def header_check_cost(g, size: int, clock=time.perf_counter) -> float:
+    """Seconds per call that the header adds to a collective whose members have all posted
+    theirs (the common case): ``g._begin`` with a table whose every word holds the next call's
+    header (kept so by rewinding the call index) against ``g._begin`` without a table."""
+    import mmap
+
+    from collectives._headers import SLOTS, Board, header, with_seq
+    from collectives.failure import Watch
+    board = Board(mmap.mmap(-1, SLOTS * size * 8), size, 0)
+    head = header("barrier", None, 0)
+    index = g._call_index
+    for row in board.rows:
+        row[:] = array("Q", [with_seq(head, index)] * size)
+
+    def enter_and_leave():
+        g._call_index = index
+        g._begin("barrier", (), head)
+        Watch.now = None
+    without = loop_cost(enter_and_leave, clock=clock)
+    g._board = board
+    with_ = loop_cost(enter_and_leave, clock=clock)
+    g._board = None
+    board.close()
+    return with_ - without
+
+
+def header_cost(g, comm, cases: dict, calls: int, batches: int) -> dict:
+    """Our 4 KB calls with the group's header table and without, alternating batches (every
+    rank switches together: a call must see the same setting on every member)."""
+    board = g._board
+    if board is None:
+        return {"table": "none (the group's members cannot share one)"}
+    out = {}
+    for name, (ours, _) in cases.items():
+        t_on = t_off = float("inf")
+        for _ in range(batches):
+            g._board = None
+            t_off = min(t_off, best_per_call(comm, ours, calls, 1))
+            g._board = board
+            t_on = min(t_on, best_per_call(comm, ours, calls, 1))
+        out[name] = {"with_header_us": round(t_on * 1e6, 2),
+                     "without_header_us": round(t_off * 1e6, 2),
+                     "header_us": round((t_on - t_off) * 1e6, 2)}
+    return out
 
 
 def small_calls(g, comm, calls: int, batches: int) -> dict:
@@ -175,17 +230,24 @@ def small_calls(g, comm, calls: int, batches: int) -> dict:
                      "ratio_to_bare": round(t_ours / t_raw, 2),
                      "python_function_calls": python_calls(ours)}
 
+    out["headers"] = header_cost(g, comm, {n: cases[n] for n in ("all_reduce", "all_gather")},
+                                 calls, batches)
+    board, g._board = g._board, None  # (rank-local loops: no peer posts headers)
+
     def enter_and_leave():  # what every collective runs besides its checks and the MPI call
-        g._begin("barrier", ())  # count, call index, the watchdog's record
+        g._begin("barrier", (), 0)  # call index, the watchdog's record, count
         Watch.now = None
     saved = g._call_index
     attr = _check_placements("reshard", mesh, [dt.Replicate()], 1, (n * k,), False)
-    out["failure_policy_us_per_call"] = {
-        "collective_bookkeeping": round(loop_cost(enter_and_leave) * 1e6, 3),
-        "reshard_agreement_cached": round(loop_cost(lambda: check_reshard(xs._value, mesh, attr))
-                                          * 1e6, 3),
-    }
-    g._call_index = saved  # the bookkeeping loop ran on this rank only
+    for key, clock in (("failure_policy_us_per_call", time.perf_counter),
+                       ("failure_policy_cpu_us_per_call", time.thread_time)):
+        out[key] = {
+            "collective_bookkeeping": round(loop_cost(enter_and_leave, clock=clock) * 1e6, 3),
+            "collective_header": round(header_check_cost(g, k, clock) * 1e6, 3),
+            "reshard_agreement_cached": round(loop_cost(
+                lambda: check_reshard(xs._value, mesh, attr), clock=clock) * 1e6, 3),
+        }
+    g._call_index, g._board = saved, board  # the bookkeeping loop ran on this rank only
     collectives.reset_collective_counts()
     return out
 

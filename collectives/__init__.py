@@ -24,15 +24,17 @@ Semantics fixed here (disttensor relies on them):
 - ``DISTTENSOR_BACKEND=mpi|nccl`` chooses how cupy arrays travel (see ``_gpu``).
 - Under MPI, importing this package installs the failure policy of :mod:`collectives.failure`
   (unhandled exceptions and exits end the job; a watchdog over blocked collectives,
-  ``DISTTENSOR_TIMEOUT``); collectives of different kinds or reduce ops travel on different
-  communicators, so ranks that call mismatched ones block (and are reported) instead of
-  exchanging wrong data.
+  ``DISTTENSOR_TIMEOUT``, a stall probe after ``DISTTENSOR_STALL_TIMEOUT``); before any data
+  moves the members of a group agree on each call's index, kind and byte count
+  (:mod:`collectives._headers`), so ranks in different calls raise ``CollectiveMismatchError``
+  on every member instead of exchanging wrong data.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
+import time
 from typing import Optional, Sequence
 
 from ._common import (
@@ -122,6 +124,13 @@ if is_mpi():
     failure.install()
 
 
+class _Forming:
+    """The group being created, as the watchdog sees it (its members' global ranks)."""
+
+    def __init__(self, ranks: tuple):
+        self.ranks = ranks
+
+
 def world() -> ProcessGroup:
     return init()
 
@@ -164,10 +173,16 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
         else:
             from ._mpi import MPIGroup
 
-            wcomm = w.comm
-            grp = wcomm.Get_group().Incl(list(key))
-            comm = wcomm.Create_group(grp)
-            grp.Free()
-            g = MPIGroup(comm, key)
+            # collective over the members: watched like one (a member elsewhere is reported)
+            failure.Watch.now = (_Forming(key), "new_group", (), -1, time.monotonic(),
+                                 sys._getframe(1))
+            try:
+                wcomm = w.comm
+                grp = wcomm.Get_group().Incl(list(key))
+                comm = wcomm.Create_group(grp)
+                grp.Free()
+                g = MPIGroup(comm, key)
+            finally:
+                failure.Watch.now = None
         _groups[key] = g
         return g

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _common as C
+from ._headers import open_board
 from .group import ProcessGroup, _finish
 
 from mpi4py import MPI  # noqa: E402  (this module is only imported under MPI)
@@ -294,6 +295,7 @@ class MPIGroup(ProcessGroup):
                   self._a2a_comm, self._bcast_comm, self._sendrecv_comm, self._barrier_comm,
                   self._meta_comm):
             c.Set_errhandler(MPI.ERRORS_RETURN)
+        self._board = open_board(comm)
         self._gpu = None  # lazily created GPU helper (NCCL or host staging)
         self._shared = None  # SharedResults, False where unavailable, None until first needed
 

@@ -9,14 +9,19 @@ Installed by ``import collectives`` in a process started under MPI (nothing happ
   exit (status 0, return from the script, ``raise SystemExit``) tells every other rank "rank k
   exited", then waits at exit for the others (as ``MPI_Finalize`` would). A rank blocked in a
   collective whose group holds an exited rank aborts with a report naming both.
+- **Headers** (:mod:`collectives._headers`): members of a group agree on every call's
+  sequence number, kind and byte count before any data moves; members in different calls raise
+  :func:`mismatch_error` (naming every member's call and call site) instead of pairing.
 - **Watchdog**: every collective records (group, name, metadata, call index, start time, caller
-  frame) on entry — one tuple, about 0.2 µs — and clears it on return. A daemon thread wakes
-  every ``POLL`` s; only while a collective has been blocked for ``PROBE_AFTER`` s does it talk
-  to the other ranks (on a private communicator): it tells the group's members which call it is
-  in, so a member in the same call (same group and call index) with other metadata aborts with
-  both descriptions, and after ``timeout()`` s (``DISTTENSOR_TIMEOUT``, default 600, or
-  ``init_parallel_env(timeout=...)``) it aborts naming the collective, its call site and the
-  members that never arrived.
+  frame) on entry — one tuple — and clears it on return. A daemon thread wakes every ``POLL``
+  s and answers other ranks' questions (where is this rank: in which collective, or outside any,
+  at which line). While a collective has been blocked for ``stall_after()`` s
+  (``DISTTENSOR_STALL_TIMEOUT``, default 5) it asks every rank where it is: a member in the
+  same call with other metadata, a member gone past the call, an exited member, or a deadlock
+  (:mod:`collectives._stall`) ends the job with a report naming every rank's state and call
+  site; members merely late are waited for until ``timeout()`` s (``DISTTENSOR_TIMEOUT``,
+  default 600, or ``init_parallel_env(timeout=...)``), and the report then says where each of
+  them is.
 
 - **Death outside Python** (SIGKILL, segfault, ``os._exit``): no hook runs in the dying rank,
   so each rank has a watcher process (:mod:`collectives._watcher`) that names it under plain
@@ -37,12 +42,16 @@ import traceback
 from typing import Any, Optional
 
 from . import _watcher
+from ._headers import SEQ_SHIFT, decode
+from ._stall import MARK, describe, diagnose, state_line
 
 TIMEOUT_ENV = "DISTTENSOR_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
+STALL_ENV = "DISTTENSOR_STALL_TIMEOUT"
+DEFAULT_STALL = 5.0
 POLL = 0.2
-MARK = "[disttensor] job aborted: rank"
-_TAG_EXIT, _TAG_PROBE, _TAG_FAIL = 9101, 9102, 9103
+REPLY_WAIT = 1.0  # s a stalled rank waits for the others' answers before judging
+_TAG_EXIT, _TAG_PROBE, _TAG_FAIL, _TAG_STATE, _TAG_SITE = 9101, 9102, 9103, 9104, 9105
 
 
 class Watch:
@@ -62,6 +71,7 @@ def _parse_timeout(value: Any, where: str) -> float:
 
 
 _timeout = _parse_timeout(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT, TIMEOUT_ENV)
+_stall = _parse_timeout(os.environ.get(STALL_ENV) or DEFAULT_STALL, STALL_ENV)
 
 
 def timeout() -> float:
@@ -74,8 +84,9 @@ def set_timeout(seconds: float) -> None:
     _timeout = _parse_timeout(seconds, "timeout")
 
 
-def probe_after() -> float:
-    return min(2.0, _timeout / 2)
+def stall_after() -> float:
+    """Seconds a collective stays blocked before its rank asks the others where they are."""
+    return min(_stall, _timeout / 2)
 
 
 # -- reports ------------------------------------------------------------------------------------
@@ -107,11 +118,6 @@ def call_site(frame) -> str:
     return "?" + hint
 
 
-def describe(name: str, sig, index: int, ranks) -> str:
-    meta = ", ".join(f"{k}={v}" for k, v in sig) if sig else ""
-    return f"{name}({meta}) call #{index} on group ranks {list(ranks)}"
-
-
 def _write(text: str) -> None:
     try:
         sys.stdout.flush()
@@ -140,9 +146,9 @@ def abort(text: str, code: int = 1) -> None:
 # -- the control channel --------------------------------------------------------------------
 
 class Control:
-    """Small pickled messages between ranks on a private communicator: exit notices, probes
-    of blocked collectives, failure notices. Used only when something is already wrong or at
-    exit, never on the fast path."""
+    """Small pickled messages between ranks on a private communicator: exit notices, questions
+    and answers about where a rank is (probes), call sites of mismatched calls, failure
+    notices. Used only when something is already wrong or at exit, never on the fast path."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -150,9 +156,11 @@ class Control:
         self.size = comm.Get_size()
         self.lock = threading.Lock()
         self.exited: dict[int, Any] = {}
-        self.probes: dict[tuple, dict[int, tuple]] = {}
+        self.probes: dict[tuple, dict[int, tuple]] = {}  # (ranks, index) -> {rank: call}
         self.failed: dict[int, str] = {}
-        self.blocked: dict[int, tuple] = {}  # rank -> its latest probe (where it is blocked)
+        self.asked: list = []  # [(rank, group ranks, ask)] of probes awaiting this rank's state
+        self.states: dict[int, tuple] = {}  # rank -> (group ranks, ask, state): latest answer
+        self.sites: dict[tuple, dict[int, tuple]] = {}  # (ranks, index) -> mismatched calls
         self._reqs: list = []
 
     def send_all(self, ranks, tag: int, obj) -> None:
@@ -172,12 +180,26 @@ class Control:
                 msg = self.comm.recv(source=src, tag=tag)
                 if tag == _TAG_EXIT:
                     self.exited[src] = msg
-                elif tag == _TAG_PROBE:
-                    ranks, index, name, sig, site = msg
-                    self.probes.setdefault((ranks, index), {})[src] = (name, sig, site)
-                    self.blocked[src] = msg
+                elif tag == _TAG_PROBE:  # (ranks, index, name, sig, site, ask): where src waits
+                    self.probes.setdefault(msg[:2], {})[src] = msg[2:5]
+                    self.asked.append((src, msg[0], msg[5]))
+                elif tag == _TAG_STATE:  # (ranks, ask, state): the answer to a probe
+                    state = msg[2]
+                    self.states[src] = msg
+                    if state[0] == "in":
+                        self.probes.setdefault(state[1:3], {})[src] = state[3:6]
+                elif tag == _TAG_SITE:
+                    self.sites.setdefault(msg[:2], {})[src] = msg[2:]
                 elif tag == _TAG_FAIL:
                     self.failed[src] = msg
+
+    def answer(self) -> None:
+        """Tell the ranks that asked where this rank is (see :mod:`collectives._stall`)."""
+        while self.asked:
+            with self.lock:
+                asked, self.asked = self.asked, []
+            for src, ranks, ask in asked:
+                self.send_all((src,), _TAG_STATE, (ranks, ask, my_state(ranks)))
 
     def finish_sends(self) -> None:
         from mpi4py import MPI
@@ -186,29 +208,89 @@ class Control:
             self._reqs = []
 
 
+def _issued(ranks: tuple) -> int:
+    """Calls this process has issued on the group of ``ranks`` (0 if it has none)."""
+    g = getattr(sys.modules.get("collectives"), "_groups", {}).get(ranks)
+    return g._call_index if g is not None else 0
+
+
+def my_state(ranks: tuple) -> tuple:
+    """This rank's state for the stall probe of a member of the group of ``ranks``."""
+    cur = Watch.now
+    if cur is not None:
+        group, name, sig, index, t0, frame = cur
+        return ("in", group.ranks, index, name, sig, call_site(frame),
+                time.monotonic() - t0, _issued(ranks))
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return ("out", "?" if frame is None else call_site(frame), _issued(ranks))
+
+
+def mismatch_error(group, cur: tuple, row, h: int) -> Exception:
+    """The error every member raises when the header table shows members in different calls
+    (``row``: the table's row of this call, ``h`` this rank's header): it names each
+    member's call and call site (exchanged over the failure channel, waiting up to 5 s) and
+    blames the minority call, the side that went through ``Tensor.numpy()`` on a tie."""
+    from ._common import CollectiveMismatchError
+    _, name, sig, index, _, frame = cur
+    ranks, me, seq = group.ranks, group.ranks[group.rank], h >> SEQ_SHIFT
+    site = call_site(frame)
+    calls = {me: (name, sig, site)}
+    c = _control
+    if c is not None:
+        c.send_all(ranks, _TAG_SITE, (ranks, index, name, sig, site))
+        end = time.monotonic() + 5.0  # (it ends as soon as every member has told)
+        while time.monotonic() < end:
+            c.drain()
+            posted = [ranks[i] for i, w in enumerate(row.tolist()) if w and w >> SEQ_SHIFT == seq]
+            calls.update(c.sites.get((ranks, index), {}))
+            if all(r in calls for r in posted):
+                break
+            time.sleep(0.01)
+    heads = {ranks[i]: w for i, w in enumerate(row.tolist()) if w and w >> SEQ_SHIFT == seq}
+    kinds = list(heads.values())
+    blame = min(heads, key=lambda r: (kinds.count(heads[r]),
+                                      "Tensor.numpy()" not in calls.get(r, ("", "", ""))[2], r))
+    lines = "\n".join(
+        f"  rank {r}: {describe(*calls[r][:2], index, ranks)}, called from {calls[r][2]}"
+        if r in calls else f"  rank {r}: {decode(w)} (call site not reported)"
+        for r, w in sorted(heads.items()))
+    err = CollectiveMismatchError(
+        f"rank {blame} called a different collective than other ranks of group {list(ranks)} "
+        f"as call #{index}; no data was exchanged (ranks not listed have not arrived):\n{lines}")
+    err.failing_ranks = [blame]
+    return err
+
+
 _control: Optional[Control] = None
 _watchdog: Optional["Watchdog"] = None
 
 
 class Watchdog(threading.Thread):
-    """Aborts the job when the collective in flight is blocked past the timeout, is mismatched
-    with a member's call, or waits for a rank that has exited."""
+    """Answers other ranks' probes; aborts the job when the collective in flight is blocked
+    past the timeout, is mismatched with a member's call, waits for a rank that has exited or
+    gone past it, or is part of a deadlock."""
 
     def __init__(self, control: Control):
         super().__init__(name="disttensor-watchdog", daemon=True)
         self.control = control
         self.stopped = threading.Event()
-        self._probed = None
+        self._probed = None  # (group, index, t0) of the call last probed for, and when
+        self._asked_at = 0.0
+        self._ask = 0  # probes sent (answers name the probe they answer)
         self._mismatch: dict = {}
+        self._errors: set = set()
 
     def run(self) -> None:
         while not self.stopped.wait(POLL):
-            cur = Watch.now
-            if cur is not None and time.monotonic() - cur[4] >= POLL:
-                try:
-                    self.control.drain()
+            try:
+                self.control.drain()
+                self.control.answer()
+                cur = Watch.now
+                if cur is not None and time.monotonic() - cur[4] >= POLL:
                     self.check(cur)
-                except Exception as e:  # pragma: no cover - a broken watchdog must not go silent
+            except Exception as e:  # pragma: no cover - a broken watchdog must not go silent
+                if repr(e) not in self._errors:  # (once per error: it wakes 5 times a second)
+                    self._errors.add(repr(e))
                     _write(f"[disttensor] watchdog error on rank {self.control.rank}: {e!r}")
             # the call's frame keeps its callers' locals alive: never hold it while waiting
             cur = None
@@ -217,7 +299,8 @@ class Watchdog(threading.Thread):
         group, name, sig, index, t0, frame = cur
         c = self.control
         me = c.rank
-        waited = time.monotonic() - t0
+        now = time.monotonic()
+        waited = now - t0
         what = describe(name, sig, index, group.ranks)
         gone = [r for r in group.ranks if r in c.exited]
         if gone:
@@ -230,8 +313,8 @@ class Watchdog(threading.Thread):
         if any(v[:2] != (name, sig) for v in calls.values()):
             # wait up to a second for every member's probe, then blame the minority call
             # (on a tie, the side that went through Tensor.numpy(), else the other side)
-            first = self._mismatch.setdefault(id(cur), time.monotonic())
-            if len(calls) == len(group.ranks) or time.monotonic() - first > 1.0:
+            first = self._mismatch.setdefault(id(cur), now)
+            if len(calls) == len(group.ranks) or now - first > 1.0:
                 kinds = [v[:2] for v in calls.values()]
                 def weight(r):
                     return (kinds.count(calls[r][:2]), "Tensor.numpy()" not in calls[r][2], r == me)
@@ -241,39 +324,52 @@ class Watchdog(threading.Thread):
                 abort(f"{MARK} {blame} called a different collective than other ranks of group "
                       f"{list(group.ranks)} as call #{index} (ranks not listed have not "
                       f"arrived):\n{lines}")
-        if waited >= probe_after() and self._probed != (group, index, t0):
-            self._probed = (group, index, t0)  # not ``cur``: its frame would outlive the call
-            # to every rank: members compare calls; the others learn where this rank waits
+        if waited < stall_after():
+            return
+        key = (group.ranks, index, t0)
+        if self._probed != key or now - self._asked_at >= max(stall_after(), REPLY_WAIT + 3):
+            # ask every rank where it is (members compare calls; the others answer too)
+            self._probed, self._asked_at, self._ask = key, now, self._ask + 1
             c.send_all(range(c.size), _TAG_PROBE, (group.ranks, index, name, sig,
-                                                   call_site(frame)))
-        if waited >= _timeout:
-            arrived = sorted(set(peers) | {me})
+                                                   call_site(frame), self._ask))
+            return
+        states = {r: s for r, (ranks, ask, s) in c.states.items()
+                  if ranks == group.ranks and ask == self._ask}  # this round's answers
+        states[me] = my_state(group.ranks)
+        if len(states) == c.size or now - self._asked_at >= REPLY_WAIT:
+            verdict = diagnose(me, states, now - self._asked_at)
+            # one report: the lowest rank concerned gives it, the others only if it does not
+            if verdict is not None and (me <= min(verdict[2]) or
+                                        now - self._asked_at >= REPLY_WAIT + 2):
+                abort(verdict[1])
+        # one report: the lowest rank in the call gives it, the others only if it does not
+        arrived = sorted(set(peers) | {me})
+        if waited >= _timeout + (0 if me == arrived[0] else 2):
+            latest = {r: s for r, (ranks, _, s) in c.states.items() if ranks == group.ranks}
+            states = {**latest, **states}
             missing = [r for r in group.ranks if r not in arrived]
-            where = "; ".join(
-                f"rank {r} waits in {describe(b[2], b[3], b[1], b[0])}, called from {b[4]}"
-                for r, b in sorted(c.blocked.items()) if r in missing)
-            blame = self.root_cause(missing) if missing else me
+            blame = self.root_cause(missing, states) if missing else me
+            lines = "\n".join("  " + state_line(r, states.get(r)) for r in range(c.size))
             abort(f"{MARK} {blame} did not arrive: rank {me} has been blocked "
                   f"{waited:.1f} s (timeout {_timeout:g} s, {TIMEOUT_ENV}) in {what}, called "
                   f"from {call_site(frame)}; ranks of the group in this call: {arrived}; "
-                  f"never arrived: {missing}" + (f" ({where})" if where else "")
-                  + ("" if blame in c.blocked else
-                     f"; rank {blame} is not blocked in any collective this rank knows of"))
+                  f"never arrived: {missing}; what each rank is doing:\n{lines}")
 
-    def root_cause(self, missing: list) -> int:
+    @staticmethod
+    def root_cause(missing: list, states: dict) -> int:
         """The first rank reached from ``missing`` that is not itself blocked in a collective
         (following each blocked rank to the members its own call is waiting for)."""
-        c, seen, todo = self.control, set(), list(missing)
+        seen, todo = set(), list(missing)
         while todo:
             r = todo.pop(0)
             if r in seen:
                 continue
             seen.add(r)
-            b = c.blocked.get(r)
-            if b is None:
+            st = states.get(r)
+            if st is None or st[0] != "in":
                 return r
-            there = c.probes.get((b[0], b[1]), {})
-            todo += [m for m in b[0] if m not in there and m != r]
+            todo += [m for m in st[1] if m != r and not (
+                states.get(m) is not None and states[m][:3] == st[:3])]
         return missing[0]
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict, deque
+from math import prod
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import _common as C
+from ._headers import SEQ_MASK, SEQ_SHIFT, SLOTS, header
 from .failure import Watch
 
+_BARRIER_HEADER, _META_HEADER = header("barrier", None, 0), header("exchange_metadata", None, 0)
 _PREPARABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")
 _monotonic = time.monotonic
 _getframe = sys._getframe
@@ -37,6 +40,7 @@ class ProcessGroup:
         self.rank = int(rank)
         self._call_index = 0  # collective calls issued on this group (debug-mode agreement)
         self._self_queue: dict[int, deque] = defaultdict(deque)  # send/recv to oneself
+        self._board = None  # the group's header table (``_headers.Board``), where there is one
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size}, ranks={self.ranks})"
@@ -45,19 +49,42 @@ class ProcessGroup:
     # debug-mode agreement
     # ----------------------------------------------------------------------------------------
 
-    def _begin(self, name: str, sig: tuple, depth: int = 2, counted: str | None = None) -> int:
-        """Called after local checks, before communication, for every collective: counts the
-        call (as ``counted``, default ``name``), runs the debug-mode agreement check and tells
-        the watchdog what is in flight (``sig``: the call's metadata as (name, value) pairs;
-        the caller clears ``Watch.now``; ``depth``: frames from here to the user's call). Returns
-        the call's index on this group."""
+    def _begin(self, name: str, sig: tuple, head: int, depth: int = 2,
+               counted: str | None = None) -> int:
+        """Called after local checks, before communication, for every collective: tells the
+        watchdog what is in flight (``sig``: the call's metadata as (name, value) pairs; the
+        caller clears ``Watch.now`` once the call returns; ``depth``: frames from here to the
+        user's call), waits until every member has posted the same header (``head``, from
+        ``_headers.header``) for this call, runs the debug-mode agreement check and counts the
+        call (as ``counted``, default ``name``). Returns the call's index on this group."""
         index = self._call_index
         self._call_index = index + 1
-        if C.CHECK_COLLECTIVES and self.size > 1:
-            self._check_agreement(name, index, sig)
-        C.count(counted or name)
         Watch.now = (self, name, sig, index, _monotonic(), _getframe(depth))
+        board = self._board
+        if board is not None:  # post this call's header; wait for the members' (``_headers``)
+            h = head | (index & SEQ_MASK) << SEQ_SHIFT
+            row = board.rows[index & (SLOTS - 1)]
+            row[board.rank] = h
+            if row.tolist().count(h) != board.size and board.wait(row, h) is not None:
+                self._header_mismatch(row, h)
+        if C.CHECK_COLLECTIVES and self.size > 1:
+            try:
+                self._check_agreement(name, index, sig)
+            except BaseException:
+                Watch.now = None
+                raise
+        if counted != "":  # ("": not counted, as the runtime's own metadata exchanges)
+            C.count(counted or name)
         return index
+
+    def _header_mismatch(self, row, h: int) -> None:
+        """Raise, on every member that sees it, the error for members that posted other
+        headers for this call (their call sites come over the failure channel)."""
+        from .failure import mismatch_error
+        try:
+            raise mismatch_error(self, Watch.now, row, h)
+        finally:
+            Watch.now = None
 
     def _check_agreement(self, name: str, index: int, sig: tuple) -> None:
         records = self._allgather_obj((name, index, sig))
@@ -105,7 +132,8 @@ class ProcessGroup:
         op = C.reduce_op(op, x.dtype, "all_reduce", x.shape)
         if out is not None:
             C.check_out(out, x.shape, x.dtype, "all_reduce", C.is_cupy(x))
-        return (op,), (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op)), x.shape
+        return (op,), (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op)), x.shape, \
+            header("all_reduce", op, x.nbytes)
 
     def iall_reduce(self, x, op: Any = "sum") -> "PendingAllReduce":
         """Start an all-reduce of ``x`` *in place* and return at once (MPI_Iallreduce): the
@@ -114,8 +142,10 @@ class ProcessGroup:
         ``x`` must be a C-contiguous writable array that nobody reads or writes until
         ``wait()``. Every rank issues its collectives on a group in the same order, blocking
         and nonblocking alike (a nonblocking call does not match a blocking one: ranks that mix
-        them block and the watchdog reports them). Counted as an ``all_reduce``; the watchdog
-        watches the ``wait()``, where a rank can block."""
+        them block and the watchdog reports them). Counted as an ``all_reduce``. Like every
+        collective, the start waits until every member has posted the same call's header
+        (``_headers``), so it returns once every member has started it; the watchdog watches
+        that and the ``wait()``."""
         name = "iall_reduce"
         if type(x) is not np.ndarray:
             x = C.as_array(x, name, "x")
@@ -124,7 +154,7 @@ class ProcessGroup:
             raise ValueError(f"{name}: argument 'x' ({C.describe(x)}) must be C-contiguous and "
                              f"writable (it receives the result in place)")
         sig = (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op))
-        index = self._begin(name, sig, counted="all_reduce")
+        index = self._begin(name, sig, header(name, op, x.nbytes), counted="all_reduce")
         try:
             req, finish = self._iall_reduce(x, op)
         except self._comm_errors as e:
@@ -162,7 +192,8 @@ class ProcessGroup:
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
         other = x.shape[:axis] + (None,) + x.shape[axis + 1:]
         return (axis, sizes), (("shape(except axis)", other), ("dtype", x.dtype.str),
-                               ("axis", axis), ("sizes", None if sizes is None else tuple(sizes))), shp
+                               ("axis", axis), ("sizes", None if sizes is None else tuple(sizes))), \
+            shp, header(name, None, x.itemsize * prod(x.shape[:axis] + x.shape[axis + 1:]))
 
     def reduce_scatter(self, x, op: Any = "sum", axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
         """Reduce equal-shaped ``x`` across ranks; rank i gets piece i of the split along ``axis``
@@ -185,7 +216,8 @@ class ProcessGroup:
         if out is not None:
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
         return (op, axis, sizes), (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("op", op),
-                                   ("axis", axis), ("sizes", tuple(sizes))), shp
+                                   ("axis", axis), ("sizes", tuple(sizes))), shp, \
+            header(name, op, x.nbytes)
 
     def all_to_all(self, x, split_axis: int, concat_axis: int, split_sizes: Optional[Sequence[int]] = None,
                    recv_sizes: Optional[Sequence[int]] = None, *, out=None):
@@ -217,12 +249,13 @@ class ProcessGroup:
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
         other = tuple(None if i in (s, c) else d for i, d in enumerate(x.shape))
         return (s, c, ssizes, rsizes), (("shape(except split/concat)", other), ("dtype", x.dtype.str),
-                                        ("split_axis", s), ("concat_axis", c)), shp
+                                        ("split_axis", s), ("concat_axis", c)), shp, \
+            header(name, None, x.itemsize * prod(d for d in other if d is not None))
 
-    def _call(self, name: str, x, args: tuple, sig: tuple, result_shape, out):
+    def _call(self, name: str, x, args: tuple, sig: tuple, result_shape, head: int, out):
         """Run the backend's ``_<name>`` on checked arguments, with the bookkeeping of every
-        collective (count, debug agreement, watchdog)."""
-        self._begin(name, sig, 3)
+        collective (watchdog, header, debug agreement, count)."""
+        self._begin(name, sig, head, 3)
         try:
             return getattr(self, "_" + name)(x, *args, out)
         except self._comm_errors as e:
@@ -241,7 +274,7 @@ class ProcessGroup:
             raise ValueError(f"prepare: collective {name!r} is not one of {list(_PREPARABLE)}")
         shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
         meta = np.broadcast_to(np.empty((), dtype), shape)  # metadata only: no data
-        args, sig, result_shape = getattr(self, "_check_" + name)(meta, out=None, **kwargs)
+        args, sig, result_shape, head = getattr(self, "_check_" + name)(meta, out=None, **kwargs)
         run = self._prepared(name, shape, dtype, args)
         general = getattr(self, name)
 
@@ -251,7 +284,7 @@ class ProcessGroup:
                 return general(x, **kwargs, out=out)
             if out is not None:
                 C.check_out(out, result_shape, dtype, name, False)
-            self._begin(name, sig)
+            self._begin(name, sig, head)
             try:
                 return run(x, out)
             except self._comm_errors as e:
@@ -273,7 +306,8 @@ class ProcessGroup:
         x = C.as_array(x, name, "x")
         src = C.check_peer(src, self.size, name, "src")
         C.check_out(out, x.shape, x.dtype, name, C.is_cupy(x))
-        self._begin(name, (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("src", src)))
+        self._begin(name, (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("src", src)),
+                    header(name, None, x.nbytes))
         try:
             return self._broadcast(x, src, out)
         except self._comm_errors as e:
@@ -338,17 +372,13 @@ class ProcessGroup:
             raise ValueError(f"{name}: recv_shape={list(shape)} but group rank {self.rank} "
                              f"receives its own x ({C.describe(x)})")
         C.check_out(out, shape, x.dtype, name, C.is_cupy(x))
-        return (dst, src, shape), (("dtype", x.dtype.str),), shape
+        return (dst, src, shape), (("dtype", x.dtype.str),), shape, header(name, None, x.itemsize)
 
     def exchange_metadata(self, obj: Any) -> list:
         """Every rank's picklable ``obj``, in group-rank order: the runtime's metadata checks.
         Watched like any collective, but not counted in ``collective_counts()`` (like the size
         exchanges inside all_gather)."""
-        index = self._call_index
-        self._call_index = index + 1
-        if C.CHECK_COLLECTIVES and self.size > 1:
-            self._check_agreement("exchange_metadata", index, ())
-        Watch.now = (self, "exchange_metadata", (), index, _monotonic(), _getframe(1))
+        self._begin("exchange_metadata", (), _META_HEADER, counted="")
         try:
             return self._exchange_obj(obj)
         except self._comm_errors as e:
@@ -357,7 +387,7 @@ class ProcessGroup:
             Watch.now = None
 
     def barrier(self) -> None:
-        self._begin("barrier", ())
+        self._begin("barrier", (), _BARRIER_HEADER)
         try:
             self._barrier()
         except self._comm_errors as e:

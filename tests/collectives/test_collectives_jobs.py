@@ -29,7 +29,12 @@ def run_job(tmp_path, code, n=2, timeout=60, env=None):
                           text=True, timeout=timeout, env=e, cwd=str(tmp_path))
 
 
-def test_debug_mode_mismatch_raises_same_error_on_every_rank(tmp_path):
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_mismatch_raises_same_error_on_every_rank(tmp_path, debug):
+    """Ranks in calls of different byte counts or kinds: the collective headers raise the
+    same error on every rank, naming both calls and their call sites, before any data moves
+    (with or without the debug mode's agreement check); a caught error leaves the group
+    usable."""
     r = run_job(tmp_path, """
         import numpy as np, collectives
         g = collectives.init()
@@ -46,15 +51,20 @@ def test_debug_mode_mismatch_raises_same_error_on_every_rank(tmp_path):
             g.barrier() if g.rank == 0 else g.broadcast(np.ones(2))
         except collectives.CollectiveMismatchError as e:
             open(f"caught2_{g.rank}.txt", "w").write(str(e))
-    """, env={"DISTTENSOR_CHECK_COLLECTIVES": "1"})
-    assert r.returncode == 0, r.stdout + r.stderr
+        print("DONE", flush=True)
+    """, env={"DISTTENSOR_CHECK_COLLECTIVES": debug})
+    assert r.returncode == 0 and "DONE" in r.stdout, r.stdout + r.stderr
     assert not list(tmp_path.glob("noerr_*"))
     assert sorted(p.name for p in tmp_path.glob("caught2_*")) == ["caught2_0.txt", "caught2_1.txt"]
-    assert "barrier call #3" in (tmp_path / "caught2_0.txt").read_text()
+    c0 = (tmp_path / "caught2_0.txt").read_text()
+    assert c0 == (tmp_path / "caught2_1.txt").read_text()
+    assert "rank 0: barrier() call #3" in c0 and "rank 1: broadcast(shape=(2,)" in c0, c0
     e0 = (tmp_path / "err_0.txt").read_text()
     e1 = (tmp_path / "err_1.txt").read_text()
     assert e0 == e1
-    assert "all_reduce call #1" in e0 and "shape=(3,)" in e0 and "shape=(4,)" in e0
+    assert "as call #1; no data was exchanged" in e0, e0
+    assert "rank 0: all_reduce(shape=(3,)" in e0 and "rank 1: all_reduce(shape=(4,)" in e0, e0
+    assert e0.count("job.py:7 in <module>") == 2, e0
 
 
 def test_one_rank_raises_while_others_block_ends_quickly(tmp_path):
@@ -72,9 +82,10 @@ def test_one_rank_raises_while_others_block_ends_quickly(tmp_path):
     assert "UNREACHABLE" not in r.stdout
 
 
-def test_watchdog_covers_the_wait_of_a_nonblocking_all_reduce(tmp_path):
-    """A rank that never starts the all-reduce: the other one, blocked in ``wait()``, is
-    aborted past the timeout with a report naming iall_reduce and the wait's call site."""
+def test_watchdog_covers_a_nonblocking_all_reduce(tmp_path):
+    """A rank that never starts the all-reduce: the other one, blocked where it starts it
+    (until every member has posted the call's header), is aborted past the timeout with a
+    report naming iall_reduce, its call site, and where the missing rank is."""
     r = run_job(tmp_path, """
         import numpy as np, collectives, time
         g = collectives.init()
@@ -88,7 +99,8 @@ def test_watchdog_covers_the_wait_of_a_nonblocking_all_reduce(tmp_path):
     err = r.stderr
     assert "job aborted: rank 1 did not arrive" in err, err
     assert "iall_reduce(shape=(4,), dtype=<f8, op=sum) call #0" in err, err
-    assert "job.py:7" in err, err
+    assert "called from job.py:4" in err.replace(str(tmp_path) + "/", ""), err
+    assert "rank 1: outside any collective, at " in err and "job.py:6" in err, err
     assert "UNREACHABLE" not in r.stdout
 
 

@@ -1,6 +1,8 @@
 """A small data- and tensor-parallel training loop on a 2 x 2 mesh with one fault injected on
 rank ``FAULT_RANK`` (env ``FAULT``, see ``FAULTS`` in test_fault_matrix.py). Before the fault
-it writes the time to ``fault_time`` in the working directory; a clean run prints the loss."""
+it writes the time to ``fault_time`` in the working directory; a clean run prints the loss.
+Once MPI is up, each rank writes the MPI library's shared-memory files it maps to
+``segments.<rank>`` (the test checks that exactly those are gone when the job has ended)."""
 import ctypes
 import os
 import signal
@@ -24,11 +26,14 @@ def hit(name: str, step: int | None = None, at: int = 1) -> bool:
 
 
 import disttensor as dt  # noqa: E402
+from collectives._watcher import mpi_segments  # noqa: E402
 from disttensor import ProcessMesh, Replicate, Shard  # noqa: E402
 
 if hit("raise_before_init"):
     raise RuntimeError("fault raise_before_init")
 dt.init_parallel_env()
+with open(f"segments.{RANK}", "w") as f:
+    f.write("".join(p + "\n" for p in mpi_segments()))
 mesh = ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "mp"])
 rng = np.random.default_rng(0)
 X = rng.random((8, 16))
@@ -62,7 +67,7 @@ if FAULT == "raise_optimizer" and RANK == BAD:
         raise RuntimeError("fault raise_optimizer")
     opt._update = failing_update
 
-steps = STEPS - 1 if hit("one_step_fewer") else STEPS
+steps = STEPS - 1 if FAULT == "one_step_fewer" and RANK == BAD else STEPS
 for step in range(steps):
     x = dt.shard_tensor(x_data, mesh, x_pl)
     logits = dt.matmul(x, w).relu()
@@ -100,10 +105,20 @@ for step in range(steps):
         time.sleep(3600)
     if hit("numpy_one_rank", step):
         print("loss", loss.numpy(), flush=True)
+    if FAULT == "stray_numpy" and step == 1:  # one rank prints the loss, the others the logits
+        hit("stray_numpy", step)
+        print(f"rank {RANK} value", (loss if RANK == BAD else logits).numpy(), flush=True)
+    if FAULT == "stray_numpy_barrier" and step == 1:  # one rank gathers, the others wait
+        hit("stray_numpy_barrier", step)
+        if RANK == BAD:
+            print(f"rank {RANK} value", logits.numpy(), flush=True)
+        else:
+            dt.barrier()
     if FAULT == "swapped_collectives" and step == 1:
         hit("swapped_collectives", step)
         t = dt.to_tensor(np.ones(4))
         dt.all_reduce(t, op=dt.ReduceOp.MAX if RANK == BAD else dt.ReduceOp.SUM)
+hit("one_step_fewer")  # rank 1's last loss.numpy() meets the others' next step
 print(f"rank {RANK} final loss {float(loss.numpy()):.6f}", flush=True)
 if FAULT == "os_exit_all":  # every rank leaves without Python's exit path, status 0
     dt.barrier()  # together: hydra SIGKILLs the ranks still running once one leaves unfinalized
