@@ -57,3 +57,6 @@ from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Gr
 # -- mixed precision --
 from .dtype import bfloat16  # noqa: E402
 from . import amp  # noqa: E402
+
+# -- pipeline parallelism --
+from . import pipelining  # noqa: E402
