@@ -60,3 +60,4 @@ from . import amp  # noqa: E402
 
 # -- pipeline parallelism --
 from . import pipelining  # noqa: E402
+from .parallel.pipeline import SplitPoint  # noqa: E402
