@@ -28,7 +28,7 @@ from ..tensor import Tensor
 from .mesh import mesh_dim_index
 
 __all__ = ["SplitPoint", "PipelineInfo", "pipeline_info", "plan_pipeline", "StageOutput",
-           "run_chunk"]
+           "run_chunk", "state_on_param_mesh"]
 
 _SCHEDULES = ("FThenB", "1F1B", "VPP")
 _KEYS = {"split_spec", "global_spec", "micro_batches", "schedule", "vpp_degree"}
@@ -220,6 +220,15 @@ def install(model: Layer, info: PipelineInfo, buffers: list) -> None:
                                _chunk_forward(info, k, i == 0, i == len(chunk) - 1,
                                               layer.forward))
     object.__setattr__(model, "_pipeline", info)
+
+
+def state_on_param_mesh(name: str, p: Tensor, acc: Tensor) -> Tensor:
+    """An optimizer state of a stage's parameter lives on that stage's mesh (a dense one, such
+    as Adam's beta powers, replicated there), so only that stage updates and saves it."""
+    if acc.is_dist() or not p.is_dist():
+        return acc
+    mesh = p._value.mesh
+    return shard_tensor(acc, mesh, [Replicate()] * mesh.ndim)
 
 
 # -- running one chunk ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from ..tensor import Tensor
 from .lazy import fill_placed, is_lazy, materialize
 from .mesh import get_mesh, mesh_dim_index, set_mesh
 from .pipeline import (PipelineInfo, check_untied, install, layer_stages, outer_buffers,
-                       plan_pipeline)
+                       plan_pipeline, state_on_param_mesh)
 from .sharding import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
 
 __all__ = ["PlanBase", "ColWiseParallel", "RowWiseParallel", "SequenceParallelBegin",
@@ -503,6 +503,8 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
         first = mesh if pipe is None else pipe.stage_meshes[0]
         model.register_forward_pre_hook(_shard_inputs_on_dp(first, dp))
     _rebind_optimizer(fn, optimizer, mapping)
+    if pipe is not None and optimizer is not None:
+        optimizer._set_shard_fn(state_on_param_mesh)
     if dp is not None and level != "0":
         stage = (ShardingStage1, ShardingStage2, ShardingStage3)[int(level) - 1]
         optimizer = shard_optimizer(optimizer, stage(dp, mesh))

@@ -32,17 +32,20 @@ __all__ = ["PipelineSchedule", "ScheduleFThenB", "Schedule1F1B", "ScheduleVPP"]
 
 class PipelineSchedule:
     """The eager schedule ``schedule`` over a model :func:`disttensor.parallelize` cut into
-    stages (``pp_config``), with ``n_microbatches`` micro-batches and ``loss_fn(output, label)``
+    stages (``pp_config``), with ``n_microbatches`` micro-batches (default: pp_config's
+    ``micro_batches``) and ``loss_fn(output, label)``
     (a scalar: the mean over its micro-batch). ``timeline`` holds the last step's actions of
     this rank as (label, start, end) ``time.perf_counter`` seconds (the wait of a receive
     not included)."""
 
     schedule = ""
 
-    def __init__(self, model: Any, n_microbatches: int, loss_fn: Callable[[Tensor, Tensor], Tensor],
-                 vpp_degree: int = 1):
+    def __init__(self, model: Any, n_microbatches: int | None = None,
+                 loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, vpp_degree: int = 1):
         fn = type(self).__name__
         info = pipeline_info(fn, model)
+        if n_microbatches is None:
+            n_microbatches = info.micro_batches
         schedule_actions(self.schedule, info.pp, n_microbatches, vpp_degree)  # checks m, v
         if vpp_degree != info.vpp_degree:
             raise ValueError(f"{fn}: vpp_degree={vpp_degree} but the model was cut into "
@@ -193,5 +196,6 @@ class ScheduleVPP(PipelineSchedule):
     pp x vpp_degree chunks); needs ``n_microbatches % pp == 0``."""
     schedule = "VPP"
 
-    def __init__(self, model: Any, n_microbatches: int, loss_fn: Callable, vpp_degree: int = 2):
+    def __init__(self, model: Any, n_microbatches: int | None = None,
+                 loss_fn: Callable | None = None, vpp_degree: int = 2):
         super().__init__(model, n_microbatches, loss_fn, vpp_degree)

@@ -221,3 +221,14 @@ def test_bad_schedule_arguments():
     x, y = data(0)
     with pytest.raises(ValueError, match=r"shape \[6, 4\]: 4 micro-batches x dp=1 do not divide"):
         sched.step(x[:6], y[:6])
+
+
+def test_micro_batches_default_and_missing_loss_fn():
+    n = collectives.init().size
+    mesh = dt.ProcessMesh(list(range(n)), dim_names=["pp"])
+    model, _ = fresh(n)
+    model, _ = dt.parallelize(model, None, mesh, {"pp_config": {"split_spec": "blocks",
+                                                                "micro_batches": 2}})
+    assert dt.pipelining.ScheduleFThenB(model, loss_fn=loss_fn).n_microbatches == 2
+    with pytest.raises(TypeError, match="Schedule1F1B: loss_fn must be callable"):
+        dt.pipelining.Schedule1F1B(model, n_microbatches=2)
