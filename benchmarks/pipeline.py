@@ -75,6 +75,7 @@ def measure(name: str, pp: int, size: dict, m: int, steps: int) -> dict:
         times.append(time.perf_counter() - t0)
         model.clear_gradients(set_to_zero=False)
         bubbles.append(_bubble(sched.timeline, pp))
+    timeline = world().exchange_metadata(sched.timeline)  # an untraced step's
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()
@@ -90,7 +91,7 @@ def measure(name: str, pp: int, size: dict, m: int, steps: int) -> dict:
             "bubble_theoretical": dt.pipelining.theoretical_bubble(pp, m, v),
             "bubble_table": dt.pipelining.bubble_fraction(
                 dt.pipelining.schedule_actions(name, pp, m, v), v),
-            "timeline": world().exchange_metadata(sched.timeline)}
+            "timeline": timeline}
 
 
 def _plot(path: str, results: dict) -> None:
