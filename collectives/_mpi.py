@@ -822,6 +822,16 @@ class MPIGroup(ProcessGroup):
         buf = np.asarray(x, order="C")
         _p2p(self.comm.Send, buf, dst, tag)
 
+    def _isend(self, x, dst, tag):
+        """Requests of a nonblocking send of ``x`` (chunked as ``_p2p`` does; each request
+        holds its buffer alive)."""
+        buf = np.asarray(x.get() if C.is_cupy(x) else x, order="C")
+        T = mpi_type(buf.dtype)
+        if not _too_big(buf.size):
+            return [self.comm.Isend([buf, T], dst, tag)]
+        flat = buf.reshape(-1)
+        return [self.comm.Isend([flat[a:b], T], dst, tag) for a, b in _chunks(buf.size)]
+
     def _recv(self, shape, dtype, src, tag, want_cupy, out):
         if want_cupy:
             return self._gpu_impl(collective=False).recv(shape, dtype, src, tag, out)

@@ -349,6 +349,25 @@ class ProcessGroup:
             return data
         return self._recv(shape, dtype, src, int(tag), want_cupy, out)
 
+    def isend(self, x, dst: int, tag: int = 0) -> "PendingSend":
+        """Start a send of ``x`` to group rank ``dst`` and return at once (MPI_Isend; a cupy
+        array is staged through the host); the peer receives it with :meth:`recv` and the same
+        ``tag``. Messages of one (sender, tag) arrive in the order sent. Counted as a ``send``;
+        the watchdog watches the handle's ``wait()``, where a rank can block."""
+        name = "isend"
+        x = C.as_array(x, name, "x")
+        dst = C.check_peer(dst, self.size, name, "dst")
+        C.count("send")
+        sig = (("shape", tuple(x.shape)), ("dtype", x.dtype.str), ("dst", dst), ("tag", int(tag)))
+        if dst == self.rank:
+            self._self_queue[int(tag)].append(x.copy())
+            return PendingSend(self, sig, [])
+        try:
+            reqs = self._isend(x, dst, int(tag))
+        except self._comm_errors as e:
+            raise self._comm_failed(e) from e
+        return PendingSend(self, sig, reqs)
+
     def sendrecv(self, x, dst: int, src: Optional[int] = None,
                  recv_shape: Optional[Sequence[int]] = None, *, out=None):
         """Send ``x`` to group rank ``dst`` while receiving from group rank ``src`` (default
@@ -438,6 +457,30 @@ class PendingAllReduce:
             self._finish()
             self._finish = None
         return self.x
+
+
+class PendingSend:
+    """A started :meth:`ProcessGroup.isend`: ``wait()`` completes it under the watchdog (once;
+    the sent buffer is kept alive until then)."""
+
+    __slots__ = ("group", "sig", "_reqs")
+
+    def __init__(self, group: ProcessGroup, sig: tuple, reqs: list):
+        self.group, self.sig, self._reqs = group, sig, reqs
+
+    def wait(self) -> None:
+        if not self._reqs:
+            return
+        g = self.group
+        Watch.now = (g, "isend", self.sig, g._call_index, _monotonic(), _getframe(1))
+        try:
+            for req in self._reqs:
+                req.Wait()
+        except g._comm_errors as e:
+            raise g._comm_failed(e) from e
+        finally:
+            Watch.now = None
+        self._reqs = []
 
 
 def _finish(result, out):

@@ -60,4 +60,8 @@ from .dtype import bfloat16  # noqa: E402
 from . import amp  # noqa: E402
 from . import incubate  # noqa: E402,F401
 
+# -- pipeline parallelism --
+from . import pipelining  # noqa: E402
+from .parallel.pipeline import SplitPoint  # noqa: E402
+
 manual_seed = seed  # PyTorch's name for dt.seed  # noqa: E305,F405

@@ -11,6 +11,7 @@ channel-parallel, which no plan names).
     python examples/train.py                          # one process (1 x 1 mesh)
     python examples/train.py --dense                  # plain dense tensors, no mesh at all
     mpirun -n 4 python examples/train.py --amp O1 --amp-dtype bfloat16  # mixed precision
+    mpirun -n 4 python examples/train.py --model gpt --pp 2 --micro-batches 4 --schedule 1F1B
 
 The loss curve does not depend on the mesh: ``--dense`` on one process and the 2 x 2 run agree
 to floating-point tolerance (tests/examples check it).
@@ -151,12 +152,14 @@ SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
           dtype: str = "float32", size: str = "default", sharding: int = 0,
           device: str = "cpu", clip: float | None = None, lr_schedule: str = "constant",
-          steps: int = 50):
+          steps: int = 50, pp_config: dict | None = None, layers: int | None = None):
     """(model, optimizer, batches): the model of ``SIZES[size]`` placed on ``mesh`` (dense
     without one) and moved to ``device``, AdamW (ZeRO stage ``sharding`` on the dp mesh dim
     when > 0; gradients clipped to global norm ``clip``; ``lr_schedule`` "warmup-cosine": a
     linear warmup over the first tenth of ``steps``, then cosine decay), and the four global
-    (x, y) batches the steps cycle through."""
+    (x, y) batches the steps cycle through. ``pp_config``: the GPT's blocks cut into pipeline
+    stages on the "pp" dim of a [pp, dp, mp] mesh; ``layers``: the GPT's block count (default:
+    the size's)."""
     dt.seed(seed)
     rng = np.random.default_rng(seed)
     dims = SIZES[size][model_name]
@@ -164,6 +167,7 @@ def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 
         model, lr = MLP(*dims), 1e-2
         x_all, y_all = mlp_data(rng, batch * 4, dims[0], dims[2])
     else:
+        dims = dims if layers is None else (*dims[:4], layers)
         model, lr = GPT(*dims), 3e-3
         x_all, y_all = gpt_data(rng, batch * 4, dims[1], dims[0])
     if dtype != "float32":
@@ -172,6 +176,9 @@ def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 
             x_all = x_all.astype(dtype)
     if mesh is not None and model_name == "mlp":
         dt.shard_layer(model, mesh, shard_mlp)
+    elif mesh is not None and pp_config is not None:
+        dt.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": GPT_PLAN},
+                                           "dp_config": {}, "pp_config": pp_config})
     elif mesh is not None:
         dt.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": GPT_PLAN}})
     model.to(device=device)
@@ -275,9 +282,15 @@ def resume(path: str, model: nn.Layer, opt) -> int:
 
 
 def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
+    pp_config = None
+    if args.pp > 1:
+        v = args.vpp_degree if args.schedule == "VPP" else 1
+        pp_config = {"split_spec": "blocks", "schedule": args.schedule, "vpp_degree": v,
+                     "micro_batches": args.micro_batches}
     model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype,
                                 sharding=args.sharding, device=args.device, clip=args.clip,
-                                lr_schedule=args.lr_schedule, steps=args.steps)
+                                lr_schedule=args.lr_schedule, steps=args.steps,
+                                pp_config=pp_config, layers=args.layers)
     model, opt, amp = amp_setup(args, model, opt)
     sched = opt._learning_rate if args.lr_schedule != "constant" else None
     if args.accumulate > 1 and (args.to_static or args.batch % args.accumulate or amp):
@@ -293,12 +306,16 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
         return train_step(model, opt, x, y, amp)
     if args.to_static:  # captured once (twice: the first step creates the optimizer states)
         step_fn = dt.jit.to_static(step_fn)
+    if pp_config is not None:
+        step_fn = pipeline_step(model, opt, args)
     losses, t_start = [], time.perf_counter()
     rank0 = dt.get_rank() == 0
     for step in range(first, args.steps + 1):
         t0 = time.perf_counter()
         xb, yb = batches[(step - 1) % 4]
-        if args.accumulate > 1:
+        if pp_config is not None:
+            value = float(step_fn(xb, yb).numpy())
+        elif args.accumulate > 1:
             m = args.batch // args.accumulate
             value = accumulate_step(model, opt, [
                 to_tensors(xb[k:k + m], yb[k:k + m], mesh, args.device)
@@ -324,6 +341,33 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
               f"{losses[0]:.4f} -> {losses[-1]:.4f}, "
               f"{len(losses) * args.batch / total:.1f} samples/s", flush=True)
     return losses
+
+
+def pipeline_step(model: nn.Layer, opt, args):
+    """A step over the dense global batch through the ``--schedule`` pipeline schedule with
+    ``--micro-batches`` micro-batches, then the optimizer update."""
+    cls = {"FThenB": dt.pipelining.ScheduleFThenB, "1F1B": dt.pipelining.Schedule1F1B,
+           "VPP": dt.pipelining.ScheduleVPP}[args.schedule]
+    kw = {"vpp_degree": args.vpp_degree} if args.schedule == "VPP" else {}
+    sched = cls(model, n_microbatches=args.micro_batches,
+                loss_fn=lambda out, y: F.cross_entropy(out, y), **kw)
+
+    def step(x, y):
+        loss = sched.step(x, y)
+        opt.step()
+        opt.clear_grad(set_to_zero=False)
+        return loss
+    return step
+
+
+def pipeline_mesh(world: int, pp: int, spec: str | None = None) -> dt.ProcessMesh:
+    """The [pp, dp, mp] mesh: ``spec`` "dp,mp" per stage, else (world / pp) x 1."""
+    dp, mp = (int(v) for v in spec.split(",")) if spec else (world // pp, 1)
+    if pp * dp * mp != world:
+        raise SystemExit(f"train.py: --pp {pp} with a {dp}x{mp} mesh per stage needs "
+                         f"{pp * dp * mp} ranks, running on {world}")
+    return dt.ProcessMesh(np.arange(world).reshape(pp, dp, mp).tolist(),
+                          dim_names=["pp", "dp", "mp"])
 
 
 def default_mesh(world: int, spec: str | None = None) -> dt.ProcessMesh:
@@ -366,10 +410,23 @@ def main(argv=None) -> dict:
     p.add_argument("--amp", default=None, choices=["O1", "O2"],
                    help="mixed precision: O1 autocast, O2 low-precision model + fp32 masters")
     p.add_argument("--amp-dtype", default="bfloat16", choices=["float16", "bfloat16"])
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline stages (GPT only): its blocks cut over a [pp, dp, mp] mesh")
+    p.add_argument("--micro-batches", type=int, default=1, help="with --pp: micro-batches")
+    p.add_argument("--schedule", default="1F1B", choices=["FThenB", "1F1B", "VPP"],
+                   help="with --pp: the pipeline schedule")
+    p.add_argument("--vpp-degree", type=int, default=2, help="with --schedule VPP: chunks "
+                   "per stage")
+    p.add_argument("--layers", type=int, default=None, help="GPT blocks (default: 2)")
     args = p.parse_args(argv)
     dt.init_parallel_env()
     world = dt.get_world_size()
-    mesh = None if args.dense else default_mesh(world, args.mesh)
+    if args.pp > 1 and (args.model != "gpt" or args.dense or args.to_static or args.amp
+                        or args.sharding):
+        raise SystemExit("train.py: --pp needs --model gpt, a mesh, eager steps, no --amp and "
+                         "no --sharding")
+    mesh = None if args.dense else \
+        pipeline_mesh(world, args.pp, args.mesh) if args.pp > 1 else default_mesh(world, args.mesh)
     models = ["mlp", "gpt"] if args.model == "both" else [args.model]
     curves = {m: train(m, args, mesh) for m in models}
     if args.loss_out and dt.get_rank() == 0:

@@ -21,6 +21,8 @@ from ..ops import transpose
 from ..tensor import Tensor
 from .lazy import fill_placed, is_lazy, materialize
 from .mesh import get_mesh, mesh_dim_index, set_mesh
+from .pipeline import (PipelineInfo, check_untied, install, layer_stages, outer_buffers,
+                       plan_pipeline, state_on_param_mesh)
 from .sharding import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
 
 __all__ = ["PlanBase", "ColWiseParallel", "RowWiseParallel", "SequenceParallelBegin",
@@ -419,7 +421,11 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
     dense tensor inputs as ``Shard(0)`` on the "dp" dim (inputs from ``shard_dataloader`` are
     already there), and parameter gradients are then summed over "dp" by the runtime;
     ``dp_config["sharding_level"]`` 1, 2 or 3 applies ZeRO to ``optimizer`` on "dp"
-    (:func:`shard_optimizer` with ``ShardingStage1/2/3``). ``pp_config`` is not supported.
+    (:func:`shard_optimizer` with ``ShardingStage1/2/3``). ``config["pp_config"]`` cuts the
+    layer list ``split_spec`` names (evenly, or at a dict of ``{"blocks.3": SplitPoint.END}``
+    cuts) into ``pp x vpp_degree`` chunks on the "pp" sub-meshes ``mesh[pp=i]``, the other
+    plans applied inside each (:mod:`disttensor.parallel.pipeline`); run it with the
+    schedules of :mod:`disttensor.pipelining`.
     ``model`` is changed in place and returned with ``optimizer``, now pointing at the
     distributed parameters.
 
@@ -446,8 +452,6 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
     unknown = sorted(set(config) - {"dp_config", "mp_config", "pp_config"})
     if unknown:
         raise ValueError(f"{fn}: unknown config keys {unknown} (dp_config, mp_config, pp_config)")
-    if config.get("pp_config") is not None:
-        raise NotImplementedError(f"{fn}: pp_config (pipeline parallelism) is not supported")
     if mesh is None:
         mesh = get_mesh()
         if mesh is None:
@@ -455,6 +459,11 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
     elif not isinstance(mesh, ProcessMesh):
         raise TypeError(f"{fn}: mesh must be a ProcessMesh, got {type(mesh).__name__}")
     mp_config, dp_config = config.get("mp_config"), config.get("dp_config")
+    pipe = None
+    if config.get("pp_config") is not None:
+        pipe = plan_pipeline(fn, model, mesh, config["pp_config"])
+        stages = layer_stages(model, pipe)
+        check_untied(fn, model, stages)
     matched = []
     if mp_config is not None:
         if not isinstance(mp_config, dict):
@@ -467,25 +476,55 @@ def parallelize(model: Layer, optimizer: Any = None, mesh: ProcessMesh | None = 
         if not isinstance(dp_config, dict):
             raise TypeError(f"{fn}: dp_config must be a dict, got {type(dp_config).__name__}")
         dp = mesh_dim_index(f"{fn} (dp_config)", mesh, "dp")
+        if pipe is not None:
+            dp = mesh_dim_index(fn, pipe.stage_meshes[0], "dp")
         level = str(dp_config.get("sharding_level", 0))
         if level not in ("0", "1", "2", "3"):
             raise ValueError(f"{fn}: dp_config sharding_level must be 0, 1, 2 or 3, got "
                              f"{dp_config['sharding_level']!r}")
+        if level != "0" and pipe is not None:
+            raise ValueError(f"{fn}: dp_config sharding_level={level} with pp_config is not "
+                             "supported; use sharding_level 0")
         if level != "0" and optimizer is None:
             raise ValueError(f"{fn}: dp_config sharding_level={level} shards the optimizer; "
                              "pass the optimizer")
     set_mesh(mesh)
-    placer = ParamPlacer(mesh)
-    for _, layer, plan, params in matched:
-        plan.apply(layer, mesh, params, placer)
-    placer.replicate_rest(model)
+    if pipe is None:
+        placer = ParamPlacer(mesh)
+        for _, layer, plan, params in matched:
+            plan.apply(layer, mesh, params, placer)
+        placer.replicate_rest(model)
+        mapping = placer.mapping()
+    else:
+        buffers = outer_buffers(model, pipe, stages)
+        mapping = _place_stages(model, pipe, matched, stages)
+        install(model, pipe, buffers)
     if dp is not None:
-        model.register_forward_pre_hook(_shard_inputs_on_dp(mesh, dp))
-    _rebind_optimizer(fn, optimizer, placer.mapping())
+        first = mesh if pipe is None else pipe.stage_meshes[0]
+        model.register_forward_pre_hook(_shard_inputs_on_dp(first, dp))
+    _rebind_optimizer(fn, optimizer, mapping)
+    if pipe is not None and optimizer is not None:
+        optimizer._set_shard_fn(state_on_param_mesh)
     if dp is not None and level != "0":
         stage = (ShardingStage1, ShardingStage2, ShardingStage3)[int(level) - 1]
         optimizer = shard_optimizer(optimizer, stage(dp, mesh))
     return model, optimizer
+
+
+def _place_stages(model: Layer, pipe: PipelineInfo, matched: list,
+                  stages: dict[str, int]) -> dict[int, Tensor]:
+    """Place each sublayer's parameters and buffers on its stage's sub-mesh (its plans first,
+    the rest replicated); the old -> new tensor mapping."""
+    placers = [ParamPlacer(m) for m in pipe.stage_meshes]
+    for name, layer, plan, params in matched:
+        plan.apply(layer, pipe.stage_meshes[stages[name]], params, placers[stages[name]])
+    for name, layer in model.named_sublayers(include_self=True):
+        placer = placers[stages[name]]
+        rep = [Replicate()] * placer.mesh.ndim
+        for n in [n for n, _ in layer.named_parameters(include_sublayers=False)] + \
+                 [n for n, _ in layer.named_buffers(include_sublayers=False)]:
+            placer.place(layer, n, rep)
+    return {k: v for p in placers for k, v in p.mapping().items()}
 
 
 def shard_layer(layer: Layer, process_mesh: ProcessMesh,

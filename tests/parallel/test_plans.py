@@ -226,7 +226,8 @@ def test_bad_plans_raise_before_any_parameter_changes():
         ({"mp_config": {"parallelize_plan": {"mlp.fc(": dt.ColWiseParallel()}}},
          ValueError, "not a valid pattern"),
         ({"dp_config": {"sharding_level": 5}}, ValueError, "sharding_level must be"),
-        ({"pp_config": {"split_spec": "x"}}, NotImplementedError, "pp_config"),
+        ({"pp_config": {"split_spec": "x"}}, ValueError,
+         r"pp_config\): mesh .* has no dim named .pp."),
     ]
     for config, exc, msg in cases:
         with pytest.raises(exc, match=msg):
