@@ -17,7 +17,11 @@ Prints JSON on rank 0:
   gradient sums and the bucket of data-parallel gradients);
 * ``replay_overhead_us_per_op``: a captured chain of small elementwise ops ([64, 64] float32)
   replayed, minus the same numpy calls made directly, per op (target <= 2 us), timed on rank 0
-  while the other ranks sleep in a barrier.
+  while the other ranks sleep in a barrier;
+* ``union_find``: the inplace-chain union-find (``InplaceChains``) over one chain of 10 000
+  and of 100 000 values (every value joined to the next, then every root found), on rank 0:
+  ``ms`` per size, ``ratio_to_loop`` = its time / a bare Python loop assigning one parent per
+  value (the same run), and ``scaling`` = time at 100 000 / time at 10 000 (10 when linear).
 """
 from __future__ import annotations
 
@@ -103,6 +107,40 @@ def bench_replay_overhead(n_ops: int, repeat: int) -> dict:
             "overhead_us_per_op": round((r - n) / n_ops * 1e6, 3)}
 
 
+def _best_of(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_union_find(sizes: tuple[int, ...], repeat: int) -> dict:
+    """Union along a chain, then a find of every value: against a loop of bare assignments."""
+    from disttensor.jit.program import InplaceChains
+
+    def chain(n: int) -> None:
+        chains = InplaceChains(n + 1, lambda v: v == 0)
+        for i in range(n):
+            chains.union(i, i + 1)
+        for i in range(n + 1):
+            chains.find(i)
+
+    def loop(n: int) -> None:
+        parent = list(range(n + 1))
+        for i in range(n):
+            parent[i + 1] = i
+
+    out = {}
+    for n in sizes:
+        t, base = _best_of(lambda: chain(n), repeat), _best_of(lambda: loop(n), repeat)
+        out[str(n)] = {"ms": round(t * 1e3, 3), "loop_ms": round(base * 1e3, 3),
+                       "ratio_to_loop": round(t / base, 1)}
+    out["scaling"] = round(out[str(sizes[-1])]["ms"] / out[str(sizes[0])]["ms"], 2)
+    return out
+
+
 def _sleeping_barrier(comm) -> None:
     """A barrier whose waiting ranks sleep instead of polling: rank 0 times the replay alone,
     and ranks spinning in MPI's wait would take its cores on an oversubscribed machine."""
@@ -126,6 +164,7 @@ def main() -> None:
         "larger": bench_mlp(Sizes(256, 256, 512, 64), steps, captured=True)}
     if dt.get_rank() == 0:
         result["replay_overhead"] = bench_replay_overhead(400, 5 if args.quick else 30)
+        result["union_find"] = bench_union_find((10_000, 100_000), 3 if args.quick else 7)
     _sleeping_barrier(MPI.COMM_WORLD)
     if dt.get_rank() == 0:
         print(json.dumps(result, indent=2))

@@ -57,3 +57,6 @@ from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Gr
 # -- mixed precision --
 from .dtype import bfloat16  # noqa: E402
 from . import amp  # noqa: E402
+from . import incubate  # noqa: E402,F401
+
+manual_seed = seed  # PyTorch's name for dt.seed  # noqa: E305,F405

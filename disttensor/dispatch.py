@@ -284,7 +284,7 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
                               [None if a is None else a.shape for a in arrays])
                 break
     plan = op.plan0
-    if plan is None:
+    if plan is None or plan.n_in != len(inputs):  # variadic ops: one plan per input count
         plan = dense_plan(op, len(inputs), op.view_if(first.shape, first.strides, attrs)
                           if op.view_if is not None and first is not None else True)
         if op.view_if is None:

@@ -46,6 +46,7 @@ from .reduction import REDUCE_PARTIAL
 from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, reduction,  # noqa: F401  (register rules)
                replicated, softmax)
 from . import along_axis, contraction  # noqa: F401,E402  (register rules)
+from . import conv  # noqa: F401,E402  (registers the convolution, pooling and padding rules)
 
 __all__ = [
     "ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",
@@ -57,3 +58,4 @@ __all__ = [
     "Repeat", "make_reshape_dim_trans", "infer_dim_trans", "parse_index", "ReshardPlan", "Step",
     "plan_reshard", "plan_same_mesh", "reshard_cost", "channel_axis", "REDUCE_PARTIAL",
 ]
+from . import attention  # noqa: F401,E402  (registers the attention and rotary rules)

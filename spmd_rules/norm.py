@@ -9,7 +9,8 @@ from .base import (SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of
 from .einsum import layout, merge_shardings
 from .placement import ReduceType
 
-__all__ = ["layer_norm", "layer_norm_grad", "batch_norm", "batch_norm_grad", "channel_axis"]
+__all__ = ["layer_norm", "layer_norm_grad", "batch_norm", "batch_norm_grad", "channel_axis",
+           "rms_norm", "rms_norm_grad"]
 
 
 def _begin(op: str, attrs: Mapping[str, Any], x: TensorMeta) -> int:
@@ -154,3 +155,55 @@ def batch_norm_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]
     vec = TensorMeta((x.shape[x_not.index("c")],), ca)
     return SpmdResult((xa, None if metas[1] is None else ca, ca, ca, xa),
                       (TensorMeta(x.shape, xa), vec, vec))
+
+
+def _rms_setup(op: str, metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]):
+    x, w = metas[0], metas[1]
+    begin = _begin(op, attrs, x)
+    if w is not None and w.shape != x.shape[begin:]:
+        raise ValueError(f"{op}: weight shape {list(w.shape)} does not match "
+                         f"x.shape[{begin}:] = {list(x.shape[begin:])} of x {list(x.shape)}")
+    return x, begin, list(range(x.ndim)), list(range(begin, x.ndim))
+
+
+@register_rule("rms_norm")
+def rms_norm(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x, weight|None), attrs begin_norm_axis.
+
+    Every axis of x keeps its sharding, the normalized ones too: the kernel all-reduces its
+    rows' sums of squares over the mesh dims sharding them (``[rows]`` values, never x);
+    weight is sliced like x's normalized axes; Partial inputs are resolved. Outputs (out like
+    x, rstd ``x.shape[:begin]`` sharded like the leading axes)."""
+    op = op_name(attrs, "rms_norm")
+    require(metas, op, 2, optional=(1,))
+    mesh = mesh_shape_of(op, metas)
+    x, begin, x_not, w_not = _rms_setup(op, metas, attrs)
+    merged = merge_shardings([x_not, w_not], [m.dist_attr if m is not None else None
+                                              for m in metas],
+                             shapes=[None if m is None else m.shape for m in metas])
+    xa = layout(x_not, merged, mesh)
+    wa = None if metas[1] is None else layout(w_not, merged, mesh)
+    stat = TensorMeta(x.shape[:begin], layout(range(begin), merged, mesh))
+    return SpmdResult((xa, wa), (TensorMeta(x.shape, xa), stat))
+
+
+@register_rule("rms_norm_grad")
+def rms_norm_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x, weight|None, rstd, dout), attrs begin_norm_axis; laid out as in the forward.
+    Outputs (dx like x, dweight like weight, Partial(sum) over the mesh dims sharding the
+    leading axes; shaped x.shape[begin:] when weight is None)."""
+    op = op_name(attrs, "rms_norm_grad")
+    require(metas, op, 4, optional=(1,))
+    mesh = mesh_shape_of(op, metas)
+    x, begin, x_not, w_not = _rms_setup(op, metas, attrs)
+    _check_stat(op, "rstd", metas[2], x.shape[:begin])
+    _check_stat(op, "dout", metas[3], x.shape)
+    lead = list(range(begin))
+    merged = merge_shardings([x_not, w_not, lead, x_not],
+                             [m.dist_attr if m is not None else None for m in metas],
+                             shapes=[None if m is None else m.shape for m in metas])
+    xa = layout(x_not, merged, mesh)
+    wa = None if metas[1] is None else layout(w_not, merged, mesh)
+    partial = [(m, ReduceType.SUM) for lab in lead for m in merged.get(lab, ())]
+    dw = TensorMeta(x.shape[begin:], layout(w_not, merged, mesh, partial))
+    return SpmdResult((xa, wa, layout(lead, merged, mesh), xa), (TensorMeta(x.shape, xa), dw))

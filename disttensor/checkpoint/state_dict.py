@@ -37,13 +37,13 @@ from ..autograd import no_grad
 from ..distributed.api import dtensor_to_local, reshard
 from ..distributed.mesh_groups import get_rank
 from ..tensor import Tensor
+from .metadata import VALUE_TYPES, file_in, read_metadata
 from .safetensors_format import read_block, read_header, to_safetensors_dtype, write_file
 
 __all__ = ["save_state_dict", "load_state_dict", "METADATA_FILE"]
 
 METADATA_FILE = "metadata.json"
 _FORMAT, _VERSION = "disttensor-checkpoint", 1
-_VALUE_TYPES = (bool, int, float, str, type(None))
 
 Region = tuple[tuple[int, int], ...]  # a global index range per dim
 
@@ -98,7 +98,7 @@ def _flatten(fn: str, state_dict: Mapping) -> list[_Entry]:
                 walk(v, prefix + (k,))
                 continue
             e = _Entry(prefix + (k,), v)
-            if e.kind == "value" and not isinstance(v, _VALUE_TYPES):
+            if e.kind == "value" and not isinstance(v, VALUE_TYPES):
                 if isinstance(v, np.generic):
                     e.value = v.item()
                 else:
@@ -150,7 +150,9 @@ def _agree_signature(fn: str, digest: bytes, what: str) -> None:
 
 
 def _on_every_rank(fn: str, step: Callable[[], Any]) -> Any:
-    """Run ``step`` here; if it raised on any rank, raise on every rank (one all-gather)."""
+    """Run ``step`` here; if it raised on any rank, raise on every rank: the rank that failed
+    re-raises its error, the others a RuntimeError quoting the lowest failing rank's message
+    (one all-gather of message lengths; a second, of the messages, only after a failure)."""
     err: BaseException | None = None
     result = None
     try:
@@ -158,15 +160,19 @@ def _on_every_rank(fn: str, step: Callable[[], Any]) -> Any:
     except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
         err = e
     w = _world()
-    flags = w.all_gather(np.array([0 if err is None else 1], np.int64), axis=0,
-                         sizes=[1] * w.size)
-    bad = [w.ranks[i] for i in np.flatnonzero(flags)]
+    text = b"" if err is None else (f"{type(err).__name__}: {err}".encode() or b"?")
+    sizes = [int(n) for n in w.all_gather(np.array([len(text)], np.int64), axis=0,
+                                          sizes=[1] * w.size)]
+    if not any(sizes):
+        return result
+    texts = w.all_gather(np.frombuffer(text, np.uint8), axis=0, sizes=sizes).tobytes()
     if err is not None:
         raise err
-    if bad:
-        raise RuntimeError(f"{fn}: failed on rank(s) {bad} (see their error); nothing was "
-                           "committed")
-    return result
+    bad = [w.ranks[i] for i, n in enumerate(sizes) if n]
+    first = sizes.index(next(n for n in sizes if n))
+    start = sum(sizes[:first])
+    message = texts[start:start + sizes[first]].decode(errors="replace")
+    raise RuntimeError(f"{fn}: failed on rank(s) {bad}; rank {bad[0]}: {message}")
 
 
 # -- which rank writes which piece ----------------------------------------------------------------
@@ -346,11 +352,11 @@ def _read_metadata(fn: str, path: Any) -> tuple[str, dict]:
     for d in (final, old):
         meta = os.path.join(d, METADATA_FILE)
         if os.path.isfile(meta) and (d == final or not os.path.exists(final)):
-            with open(meta) as f:
-                md = json.load(f)
-            if md.get("format") != _FORMAT:
-                raise ValueError(f"{fn}: {meta} is not a {_FORMAT} metadata file")
-            return d, md
+            checked = file_in(fn, d, METADATA_FILE)
+            try:
+                return d, read_metadata(checked, _FORMAT)
+            except ValueError as e:
+                raise ValueError(f"{fn}: {e}") from None
     raise FileNotFoundError(f"{fn}: no checkpoint at {final} (no {METADATA_FILE})")
 
 
@@ -391,27 +397,46 @@ def _target_region(e: _Entry) -> Region | None:
 
 def _read_region(fn: str, directory: str, e: _Entry, saved: dict, region: Region,
                  headers: dict) -> np.ndarray:
-    """The block ``region`` of a saved tensor, assembled from the chunks that overlap it."""
-    out = np.empty([b - a for a, b in region], dtype=np.dtype(saved["dtype"]))
+    """The block ``region`` of a saved tensor, assembled from the chunks that overlap it. The
+    chunks must cover the region exactly once (checked on the metadata before any file is
+    opened), and each chunk's file must hold it with the dtype and shape the metadata gives."""
+    parts: list[tuple[str, list, list]] = []  # (file, chunk index range, its part of region)
     covered = 0
     for chunk in saved["chunks"]:
         box = [tuple(ab) for ab in chunk["index"]]
         inter = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, box)]
         if any(a >= b for a, b in inter):
             continue
-        path = os.path.join(directory, chunk["file"])
-        if path not in headers:
-            headers[path] = read_header(path)
-        header, start = headers[path]
-        if e.name not in header:
-            raise ValueError(f"{fn}: {path} lacks '{e.name}', which {METADATA_FILE} places there")
-        src = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, box))
-        dst = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, region))
-        read_block(path, header[e.name], start, src, out[dst])
+        for _, other, done in parts:
+            if all(max(a, c) < min(b, d) for (a, b), (c, d) in zip(inter, done)):
+                raise ValueError(f"{fn}: the chunks {other} and {box} of '{e.name}' overlap in "
+                                 f"{METADATA_FILE}; the checkpoint is corrupt")
+        parts.append((chunk["file"], box, inter))
         covered += _size(tuple(inter))
     if covered != _size(region):
         raise ValueError(f"{fn}: the chunks of '{e.name}' cover {covered} of the "
                          f"{_size(region)} elements this rank needs; the checkpoint is incomplete")
+    out = np.empty([b - a for a, b in region], dtype=np.dtype(saved["dtype"]))
+    for name, box, inter in parts:  # name: a plain file name (checked with the metadata)
+        if name not in headers:
+            if not os.path.lexists(os.path.join(directory, name)):
+                raise FileNotFoundError(f"{fn}: {os.path.join(directory, name)} is missing; "
+                                        f"{METADATA_FILE} places the chunk {box} of '{e.name}' "
+                                        "there")
+            path = file_in(fn, directory, name)
+            headers[name] = (path,) + read_header(path)
+        path, header, start = headers[name]
+        entry = header.get(e.name)
+        if entry is None:
+            raise ValueError(f"{fn}: {path} lacks '{e.name}', which {METADATA_FILE} places there")
+        extent = [b - a for a, b in box]
+        if entry["dtype"] != to_safetensors_dtype(saved["dtype"]) or entry["shape"] != extent:
+            raise ValueError(f"{fn}: {path} holds '{e.name}' as {entry['dtype']} of shape "
+                             f"{entry['shape']}, but {METADATA_FILE} places a {saved['dtype']} "
+                             f"chunk of shape {extent} there")
+        src = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, box))
+        dst = tuple(slice(a - c, b - c) for (a, b), (c, _) in zip(inter, region))
+        read_block(path, entry, start, src, out[dst])
     return out
 
 

@@ -3,7 +3,7 @@
 :func:`disttensor.shard_dataloader`."""
 from .dataloader import DataLoader, default_collate_fn
 from .dataset import Dataset, TensorDataset
-from .sampler import BatchSampler, DistributedBatchSampler
+from .sampler import BatchSampler, DistributedBatchSampler, DistributedSampler
 
 __all__ = ["Dataset", "TensorDataset", "BatchSampler", "DistributedBatchSampler", "DataLoader",
-           "default_collate_fn"]
+           "default_collate_fn", "DistributedSampler"]

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..ops import to_tensor
 from ..tensor import Tensor
-from .sampler import BatchSampler, DistributedBatchSampler
+from .sampler import BatchSampler, DistributedBatchSampler, DistributedSampler
 
 __all__ = ["DataLoader", "default_collate_fn"]
 
@@ -72,7 +72,9 @@ class DataLoader:
 
     Batches come from ``batch_sampler`` (index lists), or from a :class:`BatchSampler` built
     from ``batch_size``, ``shuffle`` (seeded by ``seed``, so every rank draws the same order)
-    and ``drop_last``. Each batch is ``collate_fn([dataset[i] for i in indices])`` (default
+    and ``drop_last``, or, with ``sampler`` (PyTorch's argument: any iterable of indices such
+    as a :class:`DistributedSampler`), from that sampler's indices in batches of
+    ``batch_size``. Each batch is ``collate_fn([dataset[i] for i in indices])`` (default
     :func:`default_collate_fn`) with numpy arrays turned into dense Tensors; a tuple batch is
     handed out as a list. ``feed_list``, ``places``, ``return_list`` and ``num_workers`` are
     accepted for compatibility and ignored: loading runs in this process on the host (batches
@@ -89,13 +91,19 @@ class DataLoader:
                  return_list: bool = True, batch_sampler: Any = None, batch_size: int = 1,
                  shuffle: bool = False, drop_last: bool = False,
                  collate_fn: Callable[[list], Any] | None = None, num_workers: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, sampler: Any = None):
         self.dataset = dataset
         if batch_sampler is not None:
-            if batch_size != 1 or shuffle or drop_last:
-                raise ValueError("DataLoader: batch_sampler already fixes batch_size, shuffle "
-                                 "and drop_last; leave them at their defaults")
+            if batch_size != 1 or shuffle or drop_last or sampler is not None:
+                raise ValueError("DataLoader: batch_sampler already fixes batch_size, shuffle, "
+                                 "drop_last and sampler; leave them at their defaults")
             self.batch_sampler = batch_sampler
+        elif sampler is not None:
+            if shuffle:
+                raise ValueError("DataLoader: sampler already fixes the order; leave shuffle "
+                                 "False (a DistributedSampler shuffles with shuffle=True)")
+            self.batch_sampler = BatchSampler(sampler=sampler, batch_size=batch_size,
+                                              drop_last=drop_last)
         else:
             self.batch_sampler = BatchSampler(dataset, shuffle=shuffle, batch_size=batch_size,
                                               drop_last=drop_last, seed=seed)
@@ -112,7 +120,8 @@ class DataLoader:
     @property
     def splits_by_rank(self) -> bool:
         """True when the batch sampler already gives each rank its own indices."""
-        return isinstance(self.batch_sampler, DistributedBatchSampler)
+        return isinstance(self.batch_sampler, DistributedBatchSampler) or \
+            isinstance(getattr(self.batch_sampler, "sampler", None), DistributedSampler)
 
     def load(self, indices: Sequence[int]) -> Any:
         """``collate_fn`` of the samples at ``indices`` (numpy leaves, no Tensors yet)."""

@@ -4,6 +4,8 @@
   with the same seed draws the same permutation, so ranks agree without communicating).
 * :class:`DistributedBatchSampler` — Paddle's per-rank sampler: rank ``r`` of ``n`` gets the
   ``r``-th block of ``batch_size`` indices out of every ``n * batch_size``.
+* :class:`DistributedSampler` — PyTorch's per-rank index sampler (``DataLoader(sampler=)``):
+  rank ``r`` of ``n`` gets every ``n``-th index starting at ``r``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from ..distributed.mesh_groups import get_rank, get_world_size
 
-__all__ = ["BatchSampler", "DistributedBatchSampler"]
+__all__ = ["BatchSampler", "DistributedBatchSampler", "DistributedSampler"]
 
 
 def _positive_int(cls: str, arg: str, v) -> int:
@@ -88,6 +90,16 @@ class BatchSampler:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
 
+def _replica(cls: str, num_replicas, rank) -> tuple[int, int]:
+    """(num_replicas, rank), defaulting to the world size and this process's rank."""
+    n = _positive_int(cls, "num_replicas", get_world_size() if num_replicas is None
+                      else num_replicas)
+    r = get_rank() if rank is None else rank
+    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < n:
+        raise ValueError(f"{cls}: rank must be in [0, {n}), got {r!r}")
+    return n, int(r)
+
+
 class DistributedBatchSampler:
     """This rank's batches of a dataset split over ``num_replicas`` ranks (Paddle's
     ``paddle.io.DistributedBatchSampler``).
@@ -111,13 +123,7 @@ class DistributedBatchSampler:
         self.dataset = dataset
         self._n = _dataset_len("DistributedBatchSampler", dataset)
         self.batch_size = _positive_int("DistributedBatchSampler", "batch_size", batch_size)
-        self.nranks = _positive_int("DistributedBatchSampler", "num_replicas",
-                                    get_world_size() if num_replicas is None else num_replicas)
-        r = get_rank() if rank is None else rank
-        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.nranks:
-            raise ValueError(f"DistributedBatchSampler: rank must be in [0, {self.nranks}), "
-                             f"got {r!r}")
-        self.local_rank = int(r)
+        self.nranks, self.local_rank = _replica("DistributedBatchSampler", num_replicas, rank)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.epoch = 0
         self.num_samples = math.ceil(self._n / self.nranks)
@@ -152,3 +158,48 @@ class DistributedBatchSampler:
         if self.drop_last:
             return self.num_samples // self.batch_size
         return math.ceil(self.num_samples / self.batch_size)
+
+
+class DistributedSampler:
+    """This rank's indices of a dataset split over ``num_replicas`` ranks, with PyTorch's
+    ``DistributedSampler`` semantics; pass it as ``DataLoader(sampler=...)``.
+
+    The order is ``0..len-1``, or when ``shuffle`` (the default) the permutation
+    ``numpy.random.default_rng(seed + epoch).permutation(len)`` — the same on every rank, but
+    not the numbers PyTorch's generator draws. Without ``drop_last`` the order is padded by
+    repeating it from the start to a multiple of ``num_replicas``; with it, cut to one. Rank
+    ``r`` takes positions ``r, r + num_replicas, ...``. As in PyTorch the epoch does not advance
+    by itself: call :meth:`set_epoch` before each epoch to reshuffle. ``num_replicas``/``rank``
+    default to the world size and rank. No communication.
+
+    Example::
+
+        s = dt.io.DistributedSampler(range(5), num_replicas=2, rank=1, shuffle=False)
+        list(s)   # [1, 3, 0]
+    """
+
+    def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+        self.dataset = dataset
+        self._n = _dataset_len("DistributedSampler", dataset)
+        self.num_replicas, self.rank = _replica("DistributedSampler", num_replicas, rank)
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
+        self.epoch = 0
+        n, k = self._n, self.num_replicas
+        self.num_samples = n // k if drop_last else math.ceil(n / k)
+        self.total_size = self.num_samples * k
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the permutation of ``epoch`` from now on."""
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._n == 0:
+            return iter(())
+        order = (np.random.default_rng(self.seed + self.epoch).permutation(self._n)
+                 if self.shuffle else np.arange(self._n))
+        order = np.resize(order, self.total_size)  # repeats from the start, or cuts
+        return iter(order[self.rank::self.num_replicas].tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples

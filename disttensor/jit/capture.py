@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -432,6 +433,41 @@ class DistModel:
     def _predict_step(self, inputs):
         with no_grad():
             return self.layer(inputs)
+
+    def state_dict(self, mode: str = "all") -> dict:
+        """The live tensors to checkpoint, as Paddle's ``DistModel.state_dict``: the layer's
+        state dict (``mode="param"``), the optimizer's (``"opt"``) or both in one flat dict
+        (``"all"``), ready for ``dt.save_state_dict(dist_model.state_dict(), path)``."""
+        if mode not in ("all", "param", "opt"):
+            raise ValueError(f"DistModel.state_dict: mode must be 'all', 'param' or 'opt', "
+                             f"got {mode!r}")
+        out = dict(self.layer.state_dict()) if mode != "opt" else {}
+        if mode != "param" and self.optimizer is not None:
+            opt = self.optimizer.state_dict()
+            clash = sorted(set(out) & set(opt))
+            if clash:
+                raise ValueError(f"DistModel.state_dict: keys {clash} name both a layer "
+                                 "tensor and an optimizer state")
+            out.update(opt)
+        return out
+
+    def set_state_dict(self, state_dict: Mapping) -> None:
+        """Load a dict shaped like :meth:`state_dict` (e.g. filled by ``dt.load_state_dict``):
+        the layer's keys go to ``layer.set_state_dict``, the others to the optimizer's
+        ``set_state_dict``. Without an optimizer, a key the layer lacks raises ValueError."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"DistModel.set_state_dict: expected a dict, got "
+                            f"{type(state_dict).__name__}")
+        own = self.layer.state_dict()
+        layer_part = {k: v for k, v in state_dict.items() if k in own}
+        rest = {k: v for k, v in state_dict.items() if k not in own}
+        if rest and self.optimizer is None:
+            raise ValueError(f"DistModel.set_state_dict: keys {sorted(rest)} are not the "
+                             "layer's, and there is no optimizer to take them")
+        if layer_part:
+            self.layer.set_state_dict(layer_part)
+        if rest:
+            self.optimizer.set_state_dict(rest)
 
     @property
     def program(self) -> Program | None:

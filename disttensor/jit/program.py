@@ -370,6 +370,13 @@ def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
     return instr.fn, instr.accepts_out
 
 
+def _only(fn: Callable) -> Callable:
+    """``fn``'s one result, from the 1-tuple it returns."""
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)[0]
+    return call
+
+
 def _with_nones(fn: Callable, positions: list[int], n_args: int) -> Callable:
     """``fn`` called with None at argument ``positions`` (of ``n_args``) and the given
     arguments, in order, at the others."""
@@ -462,6 +469,8 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
         scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
             np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
         fn, takes_out = _bind(instr, plan, rec.attrs, rec.xp)  # the module eager ran it with
+        if plan.op.n_out == -1 and instr.kind == "kernel" and len(outs) == 1:
+            fn = _only(fn)  # a split into one piece: its kernel returns a 1-tuple
         absent = [k for k, i in enumerate(instr.ins) if i < plan.n_in and rec.inputs[i] is None]
         if absent:  # an optional input not given (layer_norm without weight): None, bound
             fn = _with_nones(fn, absent, len(instr.ins))

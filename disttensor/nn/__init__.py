@@ -8,4 +8,13 @@ from .common import (GELU, Dropout, Embedding, Flatten, Identity, LayerList, Lin
 from .layer import Layer, Parameter, ParamAttr
 from .loss import CrossEntropyLoss, MSELoss
 from .norm import BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm
+from .conv import (AdaptiveAvgPool2D, AdaptiveMaxPool2D, AvgPool2D, Conv1D, Conv2D, Dropout2D,
+                   GroupNorm, InstanceNorm2D, MaxPool2D)
 from .containers import LayerDict, ParameterList  # noqa: E402
+from .norm import RMSNorm  # noqa: E402
+from .attention import MultiHeadAttention  # noqa: E402
+
+# PyTorch's names for the same classes (Paddle semantics)
+Module = Layer
+ModuleList = LayerList
+ModuleDict = LayerDict

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -23,8 +24,9 @@ from ..ops import cast, to_tensor, zeros, zeros_like
 from ..ops.common import as_tensor
 from ..tensor import Tensor
 from .initializer import Constant, Initializer, XavierUniform
+from .torch_names import IncompatibleKeys, TorchLayerNames
 
-__all__ = ["Layer", "Parameter", "ParamAttr", "create_parameter"]
+__all__ = ["Layer", "Parameter", "ParamAttr", "create_parameter", "IncompatibleKeys"]
 
 
 class Parameter(Tensor):
@@ -151,7 +153,7 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
 
 
-class Layer:
+class Layer(TorchLayerNames):
     """Base class of all layers; subclasses define ``forward``.
 
     Attributes holding a :class:`Parameter` or a :class:`Layer` are registered as parameters /
@@ -376,21 +378,33 @@ class Layer:
                     out[pre + key] = b
         return out
 
-    def set_state_dict(self, state_dict: dict, use_structured_name: bool = True
-                       ) -> tuple[list[str], list[str]]:
+    def set_state_dict(self, state_dict: Mapping, use_structured_name: bool = True,
+                       strict: bool = False) -> IncompatibleKeys:
         """Copy the values of ``state_dict`` (Tensors or arrays) into this layer's tensors inplace.
 
-        Tensors keep their identity, dtype, views, mesh and placements. Raises ValueError naming
-        the key and both shapes on a shape mismatch (before anything is copied); missing and
-        unexpected keys are warned about and returned as ``(missing_keys, unexpected_keys)``.
-        With ``use_structured_name=False`` keys are the tensors' ``name``s instead.
+        Tensors keep their identity, dtype, views, mesh and placements. Returns
+        ``(missing_keys, unexpected_keys)`` (a named tuple, as Paddle and PyTorch return): the
+        layer's keys absent from ``state_dict`` and the keys of ``state_dict`` the layer lacks.
+        Those are warned about; with ``strict=True`` they raise ValueError naming them instead.
+        A shape mismatch raises ValueError naming the key and both shapes. Every check runs
+        before anything is copied. With ``use_structured_name=False`` keys are the tensors'
+        ``name``s instead. No communication.
+
+        Example::
+
+            missing, unexpected = model.set_state_dict(other.state_dict())
         """
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"{type(self).__name__}.set_state_dict: expected a dict, got "
-                            f"{type(state_dict).__name__}")
+        fn = f"{type(self).__name__}.set_state_dict"
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"{fn}: expected a dict, got {type(state_dict).__name__}")
         own = self.state_dict()
         if not use_structured_name:
             own = OrderedDict((t.name, t) for t in own.values())
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise ValueError(f"{fn}: the state dict does not match the layer (strict=True): "
+                             f"missing keys {missing}, unexpected keys {unexpected}")
         pairs = []
         for key, target in own.items():
             if key not in state_dict:
@@ -400,18 +414,16 @@ class Layer:
                 value = np.asarray(value)
             shape = list(value.shape)
             if shape != target.shape:
-                raise ValueError(f"{type(self).__name__}.set_state_dict: '{key}' has shape "
-                                 f"{shape} in the state dict but {target.shape} in the layer")
+                raise ValueError(f"{fn}: '{key}' has shape {shape} in the state dict but "
+                                 f"{target.shape} in the layer")
             pairs.append((target, value))
         with no_grad():
             for target, value in pairs:
                 _copy_into(target, value)
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
         if missing or unexpected:
-            warnings.warn(f"{type(self).__name__}.set_state_dict: missing keys {missing}, "
-                          f"unexpected keys {unexpected}", stacklevel=2)
-        return missing, unexpected
+            warnings.warn(f"{fn}: missing keys {missing}, unexpected keys {unexpected}",
+                          stacklevel=2)
+        return IncompatibleKeys(missing, unexpected)
 
     set_dict = set_state_dict
     load_dict = set_state_dict

@@ -11,7 +11,7 @@ from . import functional as F
 from .initializer import Constant
 from .layer import Layer
 
-__all__ = ["LayerNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D"]
+__all__ = ["LayerNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D", "RMSNorm"]
 
 
 class LayerNorm(Layer):
@@ -115,3 +115,34 @@ class BatchNorm3D(_BatchNormBase):
 
     _formats = ("NCDHW", "NDHWC")
     _ndims = (5,)
+
+
+class RMSNorm(Layer):
+    """``x / sqrt(mean(x^2) + epsilon) * weight`` over the trailing ``normalized_shape`` axes
+    (LLaMA's normalization, one fused op); ``weight`` (ones) has shape ``normalized_shape``.
+
+    Example::
+
+        norm = dt.nn.RMSNorm(16)
+        y = norm(dt.randn([2, 8, 16]))
+    """
+
+    def __init__(self, normalized_shape: int | Sequence[int], epsilon: float = 1e-5,
+                 weight_attr: Any = None, name: str | None = None):
+        super().__init__()
+        ns = [normalized_shape] if isinstance(normalized_shape, (int, np.integer)) \
+            else list(normalized_shape)
+        if not ns or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0
+                         for n in ns):
+            raise ValueError(f"RMSNorm: normalized_shape must be a positive int or a non-empty "
+                             f"list of positive ints, got {normalized_shape!r}")
+        self._normalized_shape = [int(n) for n in ns]
+        self._epsilon = float(epsilon)
+        self.weight = self.create_parameter(self._normalized_shape, weight_attr,
+                                            default_initializer=Constant(1.0))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self._normalized_shape, self.weight, self._epsilon)
+
+    def extra_repr(self) -> str:
+        return f"normalized_shape={self._normalized_shape}, epsilon={self._epsilon}"

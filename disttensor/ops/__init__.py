@@ -12,6 +12,8 @@ from ..schema import API, OPS
 from . import (common, creation, elementwise, shape, reduction, matmul, activation, random,  # noqa: F401
                embedding, indexing, norm, loss, optim)
 from . import math, einsum, statistics, scatter, sorting, sampling, subscript  # noqa: F401,E402
+from . import conv, pool  # noqa: F401,E402
+from . import attention, position, gated  # noqa: F401,E402
 
 globals().update(API)
 __all__ = sorted(API) + ["OPS"]

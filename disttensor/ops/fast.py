@@ -1,4 +1,5 @@
 """Compiled kernels for softmax, layer_norm, relu (relu_ included) and gelu and their gradients,
+the row passes of fused attention's key blocks,
 and Adam's elementwise update; cross entropy's rows and gradient (class axis last and whole on
 the rank) and training batch_norm and its gradient (channels last in memory: x 2-d or
 channels-last), chosen once at import: the numba loops of :mod:`.numba_loops` when numba is
@@ -30,7 +31,7 @@ import numpy as np
 
 __all__ = ["BACKEND", "softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "relu",
            "relu_grad", "gelu", "gelu_grad", "adam", "cross_entropy_rows", "cross_entropy_grad",
-           "batch_norm", "batch_norm_grad"]
+           "batch_norm", "batch_norm_grad", "attention_softmax", "attention_grad_rows"]
 
 Kernel = Callable[..., Any]
 
@@ -58,6 +59,13 @@ def _loops():
     _allow_512_bit_vectors()
     from . import numba_loops
     return numba_loops
+
+
+@functools.cache
+def _attention_loops():
+    _loops()
+    from . import numba_attention
+    return numba_attention
 
 
 def _allow_512_bit_vectors() -> None:
@@ -398,4 +406,31 @@ def batch_norm_grad(numpy_kernel: Kernel) -> Kernel:
         loops.bn_grad_dx(x2, saved_mean, saved_rstd, w, dout2, sums, float(count),
                          _rows(dx, x.ndim - 1))
         return dx, sums[1], sums[0]
+    return kernel
+
+
+def attention_softmax(numpy_kernel: Kernel) -> Kernel:
+    """``attention_softmax(xp, s, m, lsum) -> alpha`` (one key block of the online softmax,
+    in place; see :mod:`.attention`)."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, s, m, lsum):
+        if _floats(xp, s, m, lsum):
+            alpha = np.empty_like(m)
+            _attention_loops().attention_softmax(_rows(s, s.ndim - 1), m.reshape(-1), lsum.reshape(-1),
+                                       alpha.reshape(-1))
+            return alpha
+        return numpy_kernel(xp, s, m, lsum)
+    return kernel
+
+
+def attention_grad_rows(numpy_kernel: Kernel) -> Kernel:
+    """``attention_grad_rows(xp, p, dp, lse, delta)`` (one key block of the backward, in
+    place; see :mod:`.attention`)."""
+    @_compiled(numpy_kernel)
+    def kernel(xp, p, dp, lse, delta):
+        if _floats(xp, p, dp, lse, delta):
+            _attention_loops().attention_grad_rows(_rows(p, p.ndim - 1), _rows(dp, dp.ndim - 1),
+                                         lse.reshape(-1), delta.reshape(-1))
+            return
+        numpy_kernel(xp, p, dp, lse, delta)
     return kernel

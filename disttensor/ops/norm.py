@@ -309,3 +309,86 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor,
     attrs = {"training": batch_stats, "momentum": float(momentum), "epsilon": float(epsilon),
              "data_format": data_format}
     return apply(op, (x, running_mean, running_var, weight, bias), attrs)[0]
+
+
+# -- rms_norm ------------------------------------------------------------------------------------
+
+def _rms_rows(x, begin: int):
+    lead, tail = x.shape[:begin], x.shape[begin:]
+    return x.reshape(math.prod(lead), math.prod(tail)), tuple(range(begin, x.ndim))
+
+
+def _rms_norm_kernel(xp, x, weight, begin_norm_axis, epsilon, ctx):
+    """(out, rstd): ``rstd = 1 / sqrt(mean(x^2) + eps)`` over the trailing axes; the rows' sums
+    of squares are all-reduced over the mesh dims sharding them (a ``[rows]`` message)."""
+    x2, tail = _rms_rows(x, begin_norm_axis)
+    n = math.prod(ctx.global_shape(0, x.shape)[begin_norm_axis:])
+    rstd = ctx.allreduce(_row_dot(xp, x2, x2), "sum", 0, tail)
+    rstd *= 1.0 / n
+    rstd += epsilon
+    xp.sqrt(rstd, out=rstd)
+    xp.divide(1.0, rstd, out=rstd)
+    out = xp.multiply(x2, rstd[:, None], dtype=x.dtype)
+    if weight is not None:
+        out *= weight.reshape(-1)
+    return out.reshape(x.shape), rstd.reshape(x.shape[:begin_norm_axis])
+
+
+def _rms_norm_grad_kernel(xp, x, weight, rstd, dout, begin_norm_axis, ctx):
+    """(dx, dweight) with xhat = x * rstd, dxhat = dout * weight:
+    ``dx = rstd * (dxhat - xhat * mean(dxhat * xhat))`` (the row mean all-reduced like the
+    forward's), ``dweight = sum over rows of dout * xhat``."""
+    x2, tail = _rms_rows(x, begin_norm_axis)
+    dout2 = dout.reshape(x2.shape)
+    n = math.prod(ctx.global_shape(0, x.shape)[begin_norm_axis:])
+    r = rstd.reshape(-1, 1)
+    xhat = xp.multiply(x2, r, dtype=x.dtype)
+    dweight = xp.einsum("ij,ij->j", dout2, xhat)
+    dxhat = xp.multiply(dout2, weight.reshape(-1), dtype=x.dtype) if weight is not None \
+        else dout2.astype(x.dtype, copy=True)
+    c = ctx.allreduce(_row_dot(xp, dxhat, xhat), "sum", 0, tail)
+    c *= 1.0 / n
+    xhat *= c[:, None]
+    dxhat -= xhat
+    dxhat *= r
+    return dxhat.reshape(x.shape), dweight.reshape(x.shape[begin_norm_axis:])
+
+
+def _rms_norm_bwd(node, g, _):
+    x, w, rstd = (node.saved_tensor(i) for i in range(3))
+    dx, dw = apply(OPS["rms_norm_grad"], (x, w, rstd, g),
+                   {"begin_norm_axis": node.attrs["begin_norm_axis"]})
+    return dx, (dw if node.in_shapes[1] is not None else None)
+
+
+register("rms_norm_grad", _rms_norm_grad_kernel, rule="rms_norm_grad", n_out=2, needs_ctx=True,
+         dtype=lambda d, a: (np.dtype(d[0]), np.result_type(d[3], d[0])))
+register("rms_norm", _rms_norm_kernel, backward=_rms_norm_bwd, rule="rms_norm", n_out=2,
+         needs_ctx=True, save_inputs=(0, 1), save_outputs=(1,), nondiff_outputs=frozenset({1}),
+         dtype=same_dtype(0, n_out=2))
+
+
+def rms_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
+             epsilon: float = 1e-5, name: str | None = None) -> Tensor:
+    """``x / sqrt(mean(x^2) + epsilon) * weight`` over the trailing ``normalized_shape`` axes,
+    one fused op; ``weight`` has shape ``normalized_shape``. A sharded normalized axis costs an
+    all-reduce of the rows' sums of squares, never a gather of x.
+
+    Example::
+
+        y = dt.nn.functional.rms_norm(dt.randn([2, 8, 16]), 16, dt.ones([16]))
+    """
+    x = as_tensor(x)
+    if np.dtype(x.dtype).kind != "f":
+        raise TypeError(f"rms_norm: x must be floating, got {np.dtype(x.dtype).name}")
+    ns = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) \
+        else [int(s) for s in normalized_shape]
+    k = len(ns)
+    if k == 0 or k > x.ndim or list(x.shape[x.ndim - k:]) != ns or _prod(ns) == 0:
+        raise ValueError(f"rms_norm: normalized_shape {ns} must be a non-empty suffix of x's "
+                         f"shape {x.shape} holding elements")
+    if weight is not None and (not isinstance(weight, Tensor) or weight.shape != ns):
+        got = weight.shape if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"rms_norm: weight must have shape {ns}, got {got}")
+    return apply(OPS["rms_norm"], (x, weight),
+                 {"begin_norm_axis": x.ndim - k, "epsilon": float(epsilon)})[0]

@@ -70,8 +70,9 @@ class ShardDataloader:
             raise TypeError(f"{fn}: dataloader must be a disttensor.io.DataLoader (or pass "
                             f"is_dataset_splitted=True), got {type(dataloader).__name__}")
         if dataloader.splits_by_rank:
-            raise ValueError(f"{fn}: the loader's DistributedBatchSampler already splits the "
-                             "data by rank; use a BatchSampler of the global batch, or pass "
+            raise ValueError(f"{fn}: the loader's DistributedBatchSampler or "
+                             "DistributedSampler already splits the data by rank; use a "
+                             "BatchSampler of the global batch, or pass "
                              "is_dataset_splitted=True")
         self._check_sizes(dataloader)
 

@@ -202,6 +202,7 @@ class ParallelStyle:
                 return None
             x = inputs[0]
             if not x.is_dist():
+                _check_local_input(module, mesh)
                 x = dtensor_from_local(x, mesh, [given])
             return (_lay_out(x, mesh, desired_input),) + tuple(inputs[1:])
 
@@ -213,6 +214,20 @@ class ParallelStyle:
 
         module.register_forward_pre_hook(prepare_input)
         module.register_forward_post_hook(prepare_output)
+
+
+def _check_local_input(module: Layer, mesh: ProcessMesh) -> None:
+    """A local (dense) input is this rank's piece on the style's ``mesh``; that cannot feed
+    parameters :func:`fully_shard` moved to the parent mesh: say how to keep DTensors."""
+    moved = next((p.process_mesh for p in module.parameters()
+                  if p.is_dist() and p.process_mesh != mesh), None)
+    if moved is not None:
+        raise ValueError(
+            f"parallelize_module: {type(module).__name__} got a local (dense) input, such as "
+            "the output of a style with use_local_output=True (the default), but fully_shard "
+            f"moved its parameters from {mesh} to {moved}, so the inputs would live on "
+            "different meshes; pass use_local_output=False to the styles of parallelize_module "
+            "so activations stay DTensors on that mesh")
 
 
 def _lay_out(t: Tensor, mesh: ProcessMesh, placement: Placement) -> Tensor:

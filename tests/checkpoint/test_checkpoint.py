@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -212,6 +213,63 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(ckdir):
     with pytest.raises(TypeError, match="'bad' is a object"):
         dt.save_state_dict({"bad": object()}, ckdir + "-new")
     assert not os.path.exists(ckdir + "-new") and not os.path.exists(ckdir + "-new.tmp")
+
+
+def _whole(shape) -> list:
+    return [[0, n] for n in shape]
+
+
+# metadata.json edits of the one chunk of a dense 7 x 5 tensor ("file", "index" as saved)
+BROKEN_CHUNKS = {
+    "no chunks": (lambda f: [], ValueError, r"cover 0 of the \d+ elements.*incomplete"),
+    "a row short": (lambda f: [{"file": f, "index": [[0, 6], [0, 5]]}], ValueError,
+                    r"cover \d+ of the \d+ elements.*incomplete"),
+    # the same file twice: rows [0, 4) and [3, 6); the element counts add up to 35
+    "overlap and a gap": (lambda f: [{"file": f, "index": [[0, 4], [0, 5]]},
+                                     {"file": f, "index": [[3, 6], [0, 5]]}], ValueError,
+                          r"chunks \[\(0, 4\), \(0, 5\)\] and \[\(3, 6\), \(0, 5\)\] of 'w' "
+                          r"overlap"),
+    "the chunk twice": (lambda f: [{"file": f, "index": _whole(W.shape)}] * 2, ValueError,
+                        "of 'w' overlap"),
+    "a missing file": (lambda f: [{"file": "rank_99.safetensors", "index": _whole(W.shape)}],
+                       FileNotFoundError, r"rank_99.safetensors is missing; metadata.json "
+                                          r"places the chunk \[\(0, 7\), \(0, 5\)\] of 'w'"),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_CHUNKS))
+def test_incomplete_or_inconsistent_chunks_fail_on_every_rank(ckdir, comm, broken):
+    """A checkpoint whose metadata lists no chunks, chunks that do not cover the tensor,
+    overlapping chunks or a chunk in a missing file: loading raises on every rank (into a dense
+    target, where every rank reads every chunk, the same clear error; into a sharded one the
+    ranks whose piece is affected name it and the others name those ranks) and leaves the
+    target unchanged, never loading memory no chunk wrote."""
+    edit, exc, msg = BROKEN_CHUNKS[broken]
+    dt.save_state_dict({"w": dt.to_tensor(W)}, ckdir)
+    if comm.rank == 0:
+        meta = os.path.join(ckdir, "metadata.json")
+        with open(meta) as f:
+            md = json.load(f)
+        (chunk,) = md["tensors"]["w"]["chunks"]
+        md["tensors"]["w"]["chunks"] = edit(chunk["file"])
+        with open(meta, "w") as f:
+            json.dump(md, f)
+    comm.barrier()
+    dense = {"w": dt.full(list(W.shape), 3.0, dtype="float64")}
+    with pytest.raises(exc, match=msg):
+        dt.load_state_dict(dense, ckdir)
+    np.testing.assert_array_equal(dense["w"].numpy(), np.full(W.shape, 3.0))
+    mesh = grid()
+    sharded = {"w": dt.shard_tensor(np.full(W.shape, 3.0), mesh, [Shard(0), Replicate()])}
+    with pytest.raises((exc, RuntimeError)) as info:
+        dt.load_state_dict(sharded, ckdir)
+    if info.type is RuntimeError:
+        assert "load_state_dict: failed on rank(s)" in str(info.value)
+    else:
+        assert re.search(msg, str(info.value)) or "of 'w' overlap" in str(info.value) or \
+            "incomplete" in str(info.value) or "holds 'w' as" in str(info.value), \
+            str(info.value)  # (last: a rank whose rows are covered finds the file disagree)
+    np.testing.assert_array_equal(sharded["w"].numpy(), np.full(W.shape, 3.0))
 
 
 def test_saving_again_replaces_the_checkpoint_atomically(ckdir, comm):

@@ -8,9 +8,9 @@
 * :func:`placement_combos` — the input placements to try on a mesh: Shard(d) for each tensor dim
   or Replicate per mesh dim, all combinations up to a cap, beyond it a seeded sample that always
   keeps the all-replicated, every single-shard, co-sharded (both split orders) and aligned cases;
-  plus Partial cases.
+  plus Partial cases of every reduce type (:func:`partial_combos`).
 * :func:`run_case` — one op on dense tensors or on distributed ones (built with ``shard_tensor``
-  or, for Partial inputs, ``dtensor_from_local`` from per-rank addends), the forward values, the
+  or, for Partial inputs, ``dtensor_from_local`` from per-rank pieces), the forward values, the
   input gradients after backward of ``sum_i (out_i * W_i).sum()``, and mutated inputs.
 
 Everything is a pure function of fixed seeds, so every rank walks the identical case list.
@@ -306,29 +306,57 @@ def placement_combos(arrays: list, mesh_ndim: int, cap: int = CAP, seed: int = 0
     return uniq
 
 
-def partial_combos(op, arrays: list, mesh_ndim: int, linear: bool) -> list[tuple]:
-    """Partial inputs: each floating input Partial(sum) on one mesh dim (the others Replicate, or
-    Shard(0) on the other mesh dim of a 2-d mesh); for linear ops also every floating input
-    Partial at once and a Partial(avg) input."""
+def _with_partial(arrays: list, mesh_ndim: int, inputs, partial: Partial, m: int = 0) -> tuple:
+    """One combo: ``inputs`` Partial on mesh dim ``m`` (the others Replicate, or Shard(0) on
+    the other mesh dim of a 2-d mesh); every other input Replicate."""
     rep = [Replicate()] * mesh_ndim
-    floats = [i for i, a in enumerate(arrays)
-              if a is not None and np.asarray(a).dtype.kind == "f"]
     out = []
-    for i in floats:
-        for m in range(mesh_ndim):
+    for k, a in enumerate(arrays):
+        if a is None:
+            out.append(None)
+        elif k in inputs:
             pl = list(rep)
-            pl[m] = Partial()
-            if mesh_ndim > 1 and np.ndim(arrays[i]) > 0:
+            pl[m] = partial
+            if mesh_ndim > 1 and np.ndim(a) > 0:
                 pl[1 - m] = Shard(0)
-            out.append(tuple(tuple(pl) if k == i else (None if a is None else tuple(rep))
-                             for k, a in enumerate(arrays)))
+            out.append(tuple(pl))
+        else:
+            out.append(tuple(rep))
+    return tuple(out)
+
+
+# Partial types beyond sum/avg fed to every op: the rule must keep each exactly (maximum with
+# Partial(max), concat/gather/views of any) or resolve it with its own reduction.
+ORDER_TYPES = (ReduceType.MAX, ReduceType.MIN, ReduceType.PROD)
+LOGICAL_TYPES = (ReduceType.ANY, ReduceType.ALL)
+
+
+def partial_combos(op, arrays: list, mesh_ndim: int, linear: bool) -> list[tuple]:
+    """Partial inputs: each floating input Partial(sum) on each mesh dim, and the first one
+    Partial(max), (min) and (prod); every floating input Partial(max) at once and Partial(min)
+    at once; the first bool input Partial(any) and (all), and every bool input at once; for
+    linear ops also every floating input Partial(sum) at once and a Partial(avg) input."""
+    kinds = {i: np.asarray(a).dtype.kind for i, a in enumerate(arrays) if a is not None}
+    floats = [i for i, k in kinds.items() if k == "f"]
+    bools = [i for i, k in kinds.items() if k == "b"]
+    out = [_with_partial(arrays, mesh_ndim, {i}, Partial(), m)
+           for i in floats for m in range(mesh_ndim)]
+    if floats:
+        out += [_with_partial(arrays, mesh_ndim, {floats[0]}, Partial(t)) for t in ORDER_TYPES]
+    if len(floats) > 1:
+        out += [_with_partial(arrays, mesh_ndim, set(floats), Partial(t)) for t in ORDER_TYPES[:2]]
+    if bools:
+        out += [_with_partial(arrays, mesh_ndim, {bools[0]}, Partial(t)) for t in LOGICAL_TYPES]
+    if len(bools) > 1:
+        out += [_with_partial(arrays, mesh_ndim, set(bools), Partial(t)) for t in LOGICAL_TYPES]
     if linear and floats:
         allp = tuple([Partial()] + [Replicate()] * (mesh_ndim - 1))
+        rep = tuple([Replicate()] * mesh_ndim)
         if len(floats) > 1:
-            out.append(tuple(allp if k in floats else (None if a is None else tuple(rep))
+            out.append(tuple(allp if k in floats else (None if a is None else rep)
                              for k, a in enumerate(arrays)))
         avg = tuple([Partial(ReduceType.AVG)] + [Replicate()] * (mesh_ndim - 1))
-        out.append(tuple(avg if k == floats[0] else (None if a is None else tuple(rep))
+        out.append(tuple(avg if k == floats[0] else (None if a is None else rep)
                          for k, a in enumerate(arrays)))
     return out
 
@@ -347,17 +375,40 @@ def fmt_placements(combo) -> str:
 
 # -- running one case -------------------------------------------------------------------------
 
+def partial_pieces(a: np.ndarray, n: int, reduce_type, rng) -> list[np.ndarray]:
+    """``n`` pieces whose reduction of type ``reduce_type`` is exactly ``a``: sum and avg from
+    dyadic addends (integer-valued inputs sum back exactly), max/min from values below/above
+    ``a`` with ``a`` itself at a random piece per element, prod from factors +-1/2, +-1, +-2 and
+    a last factor (exact: powers of two), any/all from random bools with ``a`` at one piece."""
+    rt = ReduceType(reduce_type)
+    if n == 1:
+        return [a.copy()]
+    if rt in (ReduceType.SUM, ReduceType.AVG):
+        addends = [rng.integers(-4, 5, a.shape) * 0.5 for _ in range(n - 1)]
+        total = a * n if rt is ReduceType.AVG else a
+        return addends + [total - sum(addends)]
+    if rt is ReduceType.PROD:
+        factors = [rng.choice([-2.0, -1.0, -0.5, 0.5, 1.0, 2.0], a.shape) for _ in range(n - 1)]
+        return factors + [a / np.prod(factors, axis=0)]
+    winner = rng.integers(0, n, a.shape)
+    if rt in (ReduceType.MAX, ReduceType.MIN):
+        sign = -1 if rt is ReduceType.MAX else 1
+        return [np.where(winner == k, a, a + sign * rng.integers(1, 5, a.shape) * 0.5)
+                for k in range(n)]
+    noise = [rng.random(a.shape) < 0.5 for _ in range(n)]
+    if rt is ReduceType.ANY:
+        return [np.where(winner == k, a, a & noise[k]) for k in range(n)]
+    return [np.where(winner == k, a, a | noise[k]) for k in range(n)]
+
+
 def _partial_tensor(a: np.ndarray, mesh, placements, key) -> dt.Tensor:
-    """A distributed tensor with Partial placements whose per-rank addends reduce to ``a``."""
+    """A distributed tensor with Partial placements (one reduce type) whose per-rank pieces
+    reduce to ``a``."""
     mesh_shape = tuple(mesh.shape)
     pdims = [m for m, p in enumerate(placements) if isinstance(p, Partial)]
-    avg = any(getattr(placements[m], "reduce_type", None) == ReduceType.AVG for m in pdims)
+    (rt,) = {ReduceType(placements[m].reduce_type) for m in pdims}
     n = int(np.prod([mesh_shape[m] for m in pdims]))
-    rng = _rng("partial", key)
-    # dyadic addends: integer-valued inputs (comparisons) sum back exactly
-    addends = [rng.integers(-4, 5, a.shape) * 0.5 for _ in range(n - 1)]
-    total = a * n if avg else a
-    addends.append(total - sum(addends) if addends else total.copy())
+    pieces = partial_pieces(a, n, rt, _rng("partial", key))
     plain = [Replicate() if isinstance(p, Partial) else p for p in placements]
     attr = DistAttr.from_placements(plain, a.ndim, mesh_shape)
     coord = coord_of(mesh)
@@ -366,7 +417,7 @@ def _partial_tensor(a: np.ndarray, mesh, placements, key) -> dt.Tensor:
     else:
         k = int(np.ravel_multi_index([coord[m] for m in pdims], [mesh_shape[m] for m in pdims])) \
             if pdims else 0
-        local = np.array(addends[k][local_slices(a.shape, attr, coord)], dtype=a.dtype)
+        local = np.array(pieces[k][local_slices(a.shape, attr, coord)], dtype=a.dtype)
     return dt.dtensor_from_local(local, mesh, list(placements), shape=a.shape)
 
 

@@ -282,6 +282,7 @@ def test_dtensor_from_local_shares_a_tensor_and_copies_an_array():
     np.testing.assert_array_equal(copied._local_array(), np.arange(6).reshape(2, 3))
 
 
+@pytest.mark.mpi
 def test_dtensor_from_local_collective_checks():
     need(2)
     mesh = ProcessMesh(list(range(world().size)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sys
 
 import numpy as np
@@ -104,6 +105,58 @@ def test_verifier_names_both_buffers_of_a_corrupted_plan():
     offsets[0] += 8
     with pytest.raises(OverlapError, match="not a multiple of 64"):
         check_arena(buffers, offsets)
+
+
+@pytest.mark.parametrize("first,last", [(0, 3), (3, 5), (2, 2), (3, 3)])
+def test_verifier_rejects_buffers_sharing_one_instruction(first, last):
+    """Live ranges are inclusive: a buffer whose first (or last) instruction is another's last
+    (or first) is live with it there, so the two may not share a byte, in either order of
+    ids and with the second block only partly over the first."""
+    a = Buffer(0, 4 * ALIGN, 3, 3) if (first, last) == (3, 3) else Buffer(0, 4 * ALIGN, 0, 3)
+    b = Buffer(1, 2 * ALIGN, first, last)
+    for buffers in ([a, b], [b, a]):
+        for off_b in (0, 2 * ALIGN, 3 * ALIGN):
+            with pytest.raises(OverlapError, match=r"buffer (0|1) .* overlaps buffer (0|1)"):
+                check_arena(buffers, {0: 0, 1: off_b})
+            assert _overlaps(buffers, {0: 0, 1: off_b})
+        check_arena(buffers, {0: 0, 1: 4 * ALIGN})  # side by side: fine
+
+
+@pytest.mark.parametrize("order", ["as_given", "reversed"])
+def test_verifier_accepts_adjacent_lifetimes_in_one_place(order):
+    """[0, 2] then [3, 5] then [6, 6] in the same bytes: never live together, accepted; a buffer
+    that dies where the next one starts is not."""
+    chain = [Buffer(0, 2 * ALIGN, 0, 2), Buffer(1, 2 * ALIGN, 3, 5), Buffer(2, ALIGN, 6, 6),
+             Buffer(3, 3 * ALIGN, 7, 9)]
+    buffers = chain if order == "as_given" else chain[::-1]
+    check_arena(buffers, {i: 0 for i in range(4)})
+    bad = buffers + [Buffer(4, ALIGN, 5, 7)]  # live with buffer 1 at 5, 2 at 6 and 3 at 7
+    with pytest.raises(OverlapError, match="buffer 4"):
+        check_arena(bad, {**{i: 0 for i in range(4)}, 4: 0})
+    check_arena(bad, {**{i: 0 for i in range(4)}, 4: 3 * ALIGN})
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_verifier_agrees_with_brute_force_on_random_plans(seed):
+    """Random buffers with few distinct instructions (many shared first/last ones) at random
+    aligned offsets in a small arena: the verifier raises exactly when brute force finds a pair
+    live at one instruction that shares a byte, and names a pair it finds."""
+    rng = random.Random(seed)
+    for _ in range(40):
+        n_ops = rng.randint(1, 8)
+        buffers = []
+        for i in range(rng.randint(1, 8)):
+            f = rng.randrange(n_ops)
+            buffers.append(Buffer(i, ALIGN * rng.randint(1, 4), f, rng.randint(f, n_ops - 1)))
+        offsets = {b.id: ALIGN * rng.randint(0, 8) for b in buffers}
+        bad = _overlaps(buffers, offsets)
+        if bad:
+            with pytest.raises(OverlapError) as info:
+                check_arena(buffers, offsets)
+            named = {int(m) for m in re.findall(r"buffer (\d+)", str(info.value))}
+            assert any(set(p) == named for p in bad), (str(info.value), bad)
+        else:
+            check_arena(buffers, offsets)
 
 
 # -- liveness -----------------------------------------------------------------------------------

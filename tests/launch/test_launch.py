@@ -30,14 +30,13 @@ def launch(tmp_path, code, *opts, nproc=2, args=(), timeout=60):
     script.write_text(textwrap.dedent(code))
     logs = tmp_path / "logs"
     cmd = [sys.executable, "-m", "launch", "--nproc", str(nproc), "--log-dir", str(logs), *opts, str(script), *args]
-    t0 = time.monotonic()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=timeout, env=_env(), cwd=str(tmp_path))
-    return r, logs, time.monotonic() - t0
+    return r, logs
 
 
 def test_logs_prefixes_and_args(tmp_path):
-    r, logs, _ = launch(tmp_path, """
+    r, logs = launch(tmp_path, """
         import os, sys
         rank = os.environ["PMI_RANK"]
         print(f"out {rank} {sys.argv[1:]}")
@@ -53,7 +52,7 @@ def test_logs_prefixes_and_args(tmp_path):
 
 
 def test_quiet_others(tmp_path):
-    r, logs, _ = launch(tmp_path, """
+    r, logs = launch(tmp_path, """
         import os
         print("line from", os.environ["PMI_RANK"])
     """, "--quiet-others", nproc=3)
@@ -64,7 +63,7 @@ def test_quiet_others(tmp_path):
 
 
 def test_exit_status_of_failing_rank(tmp_path):
-    r, logs, _ = launch(tmp_path, """
+    r, logs = launch(tmp_path, """
         import os, sys
         print("bye")
         sys.exit(3 if os.environ["PMI_RANK"] == "1" else 0)
@@ -74,7 +73,7 @@ def test_exit_status_of_failing_rank(tmp_path):
 
 
 def test_raising_rank_aborts_job_and_traceback_comes_first(tmp_path):
-    r, logs, secs = launch(tmp_path, """
+    r, logs = launch(tmp_path, """
         import time, numpy as np, collectives
         g = collectives.init()
         if g.rank == 1:
@@ -82,8 +81,7 @@ def test_raising_rank_aborts_job_and_traceback_comes_first(tmp_path):
             raise ValueError("rank one is broken")
         g.all_reduce(np.ones(3))   # the other ranks block here
         print("UNREACHABLE")
-    """, nproc=3)
-    assert secs < 45
+    """, nproc=3)  # a job that hung instead would run into launch()'s timeout and fail
     # the excepthook calls MPI_Abort(1): the job's status is the abort code, 1
     assert r.returncode == 1, r.stdout
     out = r.stdout
@@ -106,10 +104,9 @@ def test_plain_mpiexec_failure_does_not_hang(tmp_path):
             raise KeyError("rank zero")
         g.barrier()
     """))
-    t0 = time.monotonic()
+    # a hang runs into the timeout (subprocess.TimeoutExpired fails the test)
     r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
                        timeout=60, env=_env())
-    assert time.monotonic() - t0 < 45
     assert r.returncode != 0 and "KeyError: 'rank zero'" in r.stderr
 
 
@@ -144,7 +141,7 @@ def test_sigterm_is_forwarded(tmp_path):
 
 def test_hosts_are_passed_to_mpiexec_and_gpus_bound_by_local_rank(tmp_path):
     """The multi-node path on one machine: the same host given twice."""
-    r, logs, _ = launch(tmp_path, """
+    r, logs = launch(tmp_path, """
         import os
         print("env", os.environ["PMI_RANK"], os.environ.get("MPI_LOCALRANKID", os.environ.get(
             "OMPI_COMM_WORLD_LOCAL_RANK")), os.environ["CUDA_VISIBLE_DEVICES"])
@@ -159,11 +156,10 @@ def test_hosts_are_passed_to_mpiexec_and_gpus_bound_by_local_rank(tmp_path):
 def test_launcher_stops_the_job_when_a_rank_fails_without_mpi(tmp_path):
     """A rank that exits non-zero while the others keep running (no MPI involved): the launcher
     stops the job at once and blames that rank."""
-    r, logs, secs = launch(tmp_path, """
+    r, logs = launch(tmp_path, """
         import os, sys, time
         if os.environ["PMI_RANK"] == "1":
             sys.exit(5)
-        time.sleep(60)
-    """, nproc=3)
-    assert secs < 30, r.stdout
+        time.sleep(600)
+    """, nproc=3)  # waiting for the sleeping ranks would run into launch()'s timeout (60 s)
     assert r.returncode == 5 and "launch: rank 1 failed (exit status 5)" in r.stdout, r.stdout

@@ -272,3 +272,98 @@ def test_embedding_padding_idx():
     out = emb(dt.to_tensor([[1, 9]]))
     assert out.shape == [1, 2, 4]
     np.testing.assert_array_equal(out.numpy()[0, 1], np.zeros(4))
+
+
+# -- PyTorch spellings ------------------------------------------------------------------------
+
+def test_set_state_dict_strict_names_the_keys_and_copies_nothing():
+    m = nn.Linear(2, 3)
+    old_w = m.weight.numpy()
+    bad = {"weight": np.ones((2, 3)), "extra": np.zeros(1)}
+    with pytest.raises(ValueError, match=r"strict=True.*missing keys \['bias'\], unexpected "
+                                         r"keys \['extra'\]"):
+        m.set_state_dict(bad, strict=True)
+    np.testing.assert_array_equal(m.weight.numpy(), old_w)  # nothing copied
+    with pytest.raises(ValueError, match=r"missing keys \['bias'\]"):
+        m.load_state_dict({"weight": np.ones((2, 3))})  # torch's alias: strict by default
+    np.testing.assert_array_equal(m.weight.numpy(), old_w)
+    with pytest.warns(UserWarning, match="missing keys"):
+        res = m.load_state_dict(bad, strict=False)
+    assert res.missing_keys == ["bias"] and res.unexpected_keys == ["extra"]
+    missing, unexpected = res  # Paddle's (missing, unexpected) tuple
+    assert (missing, unexpected) == (["bias"], ["extra"])
+    np.testing.assert_array_equal(m.weight.numpy(), 1.0)
+    res = m.load_state_dict({"weight": np.full((2, 3), 2.0), "bias": np.arange(3.0)})
+    assert tuple(res) == ([], [])
+    np.testing.assert_array_equal(m.bias.numpy(), [0, 1, 2])
+
+
+class TorchStyle(nn.Module):
+    """A model written with PyTorch's names only."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(3, 4), nn.Linear(4, 4)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 2), "b": nn.Linear(4, 1)})
+        self.add_module("act", nn.Tanh())
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = self.act(block(x))
+        return self.heads["a"](x).sum() + self.heads["b"](x).sum()
+
+
+def test_torch_style_module_trains_like_numpy():
+    dt.manual_seed(3)
+    m = TorchStyle()
+    assert isinstance(m, nn.Layer) and nn.Module is nn.Layer
+    assert nn.ModuleList is nn.LayerList and nn.ModuleDict is nn.LayerDict
+    names = [n for n, _ in m.named_modules()]
+    assert names == ["", "blocks", "blocks.0", "blocks.1", "heads", "heads.a", "heads.b", "act"]
+    assert list(m.modules())[0] is m and len(list(m.modules())) == 8
+    assert list(m.heads) == ["a", "b"] and "a" in m.heads and len(m.heads) == 2
+    assert list(m.state_dict()) == ["blocks.0.weight", "blocks.0.bias", "blocks.1.weight",
+                                    "blocks.1.bias", "heads.a.weight", "heads.a.bias",
+                                    "heads.b.weight", "heads.b.bias"]
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    sd = {k: v.numpy().astype(np.float64) for k, v in m.state_dict().items()}
+    loss = m(dt.to_tensor(x))
+    loss.backward()
+    # numpy oracle, forward and backward by hand
+    h0 = x.astype(np.float64)
+    z1 = h0 @ sd["blocks.0.weight"] + sd["blocks.0.bias"]
+    h1 = np.tanh(z1)
+    z2 = h1 @ sd["blocks.1.weight"] + sd["blocks.1.bias"]
+    h2 = np.tanh(z2)
+    ref = (h2 @ sd["heads.a.weight"] + sd["heads.a.bias"]).sum() + \
+        (h2 @ sd["heads.b.weight"] + sd["heads.b.bias"]).sum()
+    np.testing.assert_allclose(loss.numpy(), ref, rtol=1e-5)
+    g_h2 = np.ones((5, 2)) @ sd["heads.a.weight"].T + np.ones((5, 1)) @ sd["heads.b.weight"].T
+    g_z2 = g_h2 * (1 - h2 ** 2)
+    g_z1 = (g_z2 @ sd["blocks.1.weight"].T) * (1 - h1 ** 2)
+    expect = {"heads.a.weight": h2.T @ np.ones((5, 2)), "heads.b.bias": np.full(1, 5.0),
+              "blocks.1.weight": h1.T @ g_z2, "blocks.0.weight": h0.T @ g_z1,
+              "blocks.0.bias": g_z1.sum(0)}
+    params = dict(m.named_parameters())
+    for k, g in expect.items():
+        np.testing.assert_allclose(params[k].grad.numpy(), g, rtol=1e-4, atol=1e-5)
+    m.zero_grad()  # PyTorch's default set_to_none=True
+    assert all(p.grad is None for p in m.parameters())
+    m(dt.to_tensor(x)).backward()
+    m.zero_grad(set_to_none=False)
+    assert all(np.all(p.grad.numpy() == 0) for p in m.parameters())
+    del m.heads["b"]
+    assert list(m.heads.keys()) == ["a"] and "heads.b.weight" not in m.state_dict()
+    with pytest.raises(KeyError, match="no sublayer 'zz'"):
+        m.heads["zz"]
+    with pytest.raises(TypeError, match="'c' must be a Layer"):
+        m.heads["c"] = 3
+
+
+def test_manual_seed_is_seed():
+    dt.manual_seed(11)
+    a = dt.randn([4]).numpy()
+    dt.seed(11)
+    np.testing.assert_array_equal(dt.randn([4]).numpy(), a)
+    dt.manual_seed(12)
+    assert not np.array_equal(dt.randn([4]).numpy(), a)

@@ -189,6 +189,10 @@ def test_sequence_parallel_enable_on_one_layer():
 def test_prepare_layer_output_and_sharding_level():
     mesh = dp_mp()
     model, opt = _fresh()
+    W1, B1 = model.mlp.fc1.weight.numpy().astype(np.float64), model.mlp.fc1.bias.numpy()
+    ref_model, ref_opt = _fresh()  # one dense step: the expected parameters
+    _train(ref_model, ref_opt, steps=1)
+    ref = {k: p.numpy() for k, p in ref_model.named_parameters()}
 
     def to_replicate(process_mesh):
         return lambda layer, inputs, out: dt.reshard(out, process_mesh,
@@ -200,6 +204,12 @@ def test_prepare_layer_output_and_sharding_level():
     assert isinstance(opt._shard_fn, dt.ShardingStage2)
     h = model.mlp.fc1(dt.to_tensor(DATA[0]))
     assert h.placements == [Replicate(), Replicate()]
+    np.testing.assert_allclose(h.numpy(), DATA[0].astype(np.float64) @ W1 + B1, rtol=1e-5,
+                               atol=1e-6)
+    # the stage-2 optimizer steps as AdamW does in numpy
+    _train(model, opt, steps=1)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.numpy(), ref[name], rtol=1e-4, atol=1e-6, err_msg=name)
     with pytest.raises(ValueError, match="sharding_level=3 shards the optimizer"):
         dt.parallelize(_fresh()[0], None, mesh, {"dp_config": {"sharding_level": 3}})
 
@@ -273,6 +283,16 @@ def test_rowwise_output_is_partial_until_needed():
     holder = nn.Sequential(fc)
     dt.parallelize(holder, None, mesh, {"mp_config": {"parallelize_plan": {
         "0": dt.RowWiseParallel()}}})
+    W = fc.weight.numpy().astype(np.float64)
+    X = DATA[0].astype(np.float64)
+    G = np.random.default_rng(9).standard_normal((6, 4))
     y = holder(dt.shard_tensor(DATA[0], mesh, [Replicate(), Shard(1)]))
     if mesh.get_dim_size("mp") > 1:
         assert isinstance(y.placements[1], Partial)
+    np.testing.assert_allclose(y.numpy(), X @ W, rtol=1e-5, atol=1e-6)
+    z = F.relu(y)  # not linear: needs the reduced value
+    assert not any(isinstance(p, Partial) for p in z.placements), z.placements
+    np.testing.assert_allclose(z.numpy(), np.maximum(X @ W, 0), rtol=1e-5, atol=1e-6)
+    (z * dt.to_tensor(G.astype(np.float32))).sum().backward()
+    np.testing.assert_allclose(fc.weight.grad.numpy(), X.T @ ((X @ W > 0) * G), rtol=1e-4,
+                               atol=1e-5)

@@ -34,7 +34,8 @@ def meshes():
 
 
 def _numpy_adamw(steps: int):
-    """The unsharded reference, written with numpy alone: the MLP, MSE loss and AdamW."""
+    """The unsharded reference, written with numpy alone: the MLP, MSE loss and AdamW. Returns
+    the losses, the parameters, the moments and the last step's gradients (by parameter name)."""
     dt.seed(7)
     ref = MLP()
     p = {n: v.numpy().astype(np.float64) for n, v in ref.named_parameters()}
@@ -58,7 +59,17 @@ def _numpy_adamw(steps: int):
             m[n] = b1 * m[n] + (1 - b1) * g[n]
             v2[n] = b2 * v2[n] + (1 - b2) * g[n] ** 2
             p[n] -= lr / (1 - b1 ** t) * m[n] / (np.sqrt(v2[n] / (1 - b2 ** t)) + eps)
-    return losses, p
+    return losses, p, {"moment1": m, "moment2": v2}, g
+
+
+def _check_state(model, opt, want_params, want_moments, what: str) -> None:
+    """Parameters and both AdamW moments against the numpy reference."""
+    for n, p in model.named_parameters():
+        np.testing.assert_allclose(p.numpy(), want_params[n], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{what}: {n}")
+        for acc, want in want_moments.items():
+            np.testing.assert_allclose(opt._accumulators[acc][id(p)].numpy(), want[n],
+                                       rtol=1e-4, atol=1e-9, err_msg=f"{what}: {acc} of {n}")
 
 
 def _run(mesh_kind: str, mesh, stage: int, steps: int = 5):
@@ -90,13 +101,14 @@ def _run(mesh_kind: str, mesh, stage: int, steps: int = 5):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stages_equal_numpy_adamw(stage, comm):
-    ref_losses, ref_params = _numpy_adamw(5)
+    ref_losses, ref_params, ref_moments, ref_grads = _numpy_adamw(5)
     for kind, mesh in meshes():
         model, opt, losses, grads = _run(kind, mesh, stage)
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
-        for n, p in model.named_parameters():
-            np.testing.assert_allclose(p.numpy(), ref_params[n], rtol=1e-5, atol=1e-6,
-                                       err_msg=f"{kind} stage {stage}: {n}")
+        _check_state(model, opt, ref_params, ref_moments, f"{kind} stage {stage}")
+        for n, g in grads.items():
+            np.testing.assert_allclose(g.numpy(), ref_grads[n], rtol=1e-4, atol=1e-7,
+                                       err_msg=f"{kind} stage {stage}: last gradient of {n}")
         dp = 0
         for n, p in model.named_parameters():
             states = [opt._accumulators[a][id(p)] for a in ("moment1", "moment2")]
@@ -117,7 +129,8 @@ def test_stage2_reduce_scatters_gradients(comm):
     dt.seed(7)
     model = MLP()
     dt.shard_layer(model, mesh)
-    opt = dt.shard_optimizer(dt.optimizer.AdamW(parameters=model.parameters()),
+    opt = dt.shard_optimizer(dt.optimizer.AdamW(learning_rate=0.01, weight_decay=0.01,
+                                                parameters=model.parameters()),
                              dt.ShardingStage2("dp", mesh))
     loss = F.mse_loss(model(dt.shard_tensor(X[0], mesh, [Shard(0)])),
                       dt.shard_tensor(Y[0], mesh, [Shard(0)]))
@@ -129,17 +142,23 @@ def test_stage2_reduce_scatters_gradients(comm):
     collectives.reset_collective_counts()
     opt.step()                                       # one all-gather of each updated slice
     assert collectives.collective_counts()["all_gather"] == 4
+    _, want_params, want_moments, _ = _numpy_adamw(1)
+    _check_state(model, opt, want_params, want_moments, "stage 2")
 
 
 def test_dense_parameters_replicated_on_the_stage_mesh(comm):
     mesh = dt.ProcessMesh(list(range(world())), dim_names=["dp"])
     dt.seed(7)
     model = MLP()
+    dense = {n: p.numpy() for n, p in model.named_parameters()}
     opt = dt.optimizer.AdamW(parameters=model.parameters())
     before = model.fc1.weight
     dt.shard_optimizer(opt, dt.ShardingStage3("dp", mesh))
     assert model.fc1.weight is before and before.is_dist()
     assert before.placements == [Shard(0)]
+    for n, p in model.named_parameters():  # placed, not changed
+        assert p.is_dist()
+        np.testing.assert_array_equal(p.numpy(), dense[n], err_msg=n)
 
 
 def test_bad_input_changes_nothing(comm):
@@ -175,10 +194,13 @@ def test_custom_shard_fn_lays_out_states(comm):
         if acc.shape != param.shape or acc.ndim != 2:
             return acc
         return dt.reshard(acc, mesh, [Shard(1)])
-    opt = dt.shard_optimizer(dt.optimizer.AdamW(parameters=model.parameters()), shard_fn)
+    opt = dt.shard_optimizer(dt.optimizer.AdamW(learning_rate=0.01, weight_decay=0.01,
+                                                parameters=model.parameters()), shard_fn)
     loss = F.mse_loss(model(dt.shard_tensor(X[0], mesh, [Shard(0)])),
                       dt.shard_tensor(Y[0], mesh, [Shard(0)]))
     loss.backward()
     opt.step()
     assert {"moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc"} <= set(seen)
     assert opt._accumulators["moment1"][id(model.fc1.weight)].placements == [Shard(1)]
+    _, want_params, want_moments, _ = _numpy_adamw(1)
+    _check_state(model, opt, want_params, want_moments, "custom shard_fn")

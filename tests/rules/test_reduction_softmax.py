@@ -59,7 +59,9 @@ def red_cases(draw):
     shape = tuple(draw(st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim)))
     mesh = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
     kind = draw(st.sampled_from(["sum", "mean", "max", "min", "prod", "argmax", "any"]))
-    choices = [R()] + [S(d) for d in range(ndim)] + ([P()] if kind in ("sum", "mean") else [])
+    # a Partial input of every type: kept when the reduction commutes with it, else resolved
+    choices = [R()] + [S(d) for d in range(ndim)] + [P(t) for t in ("sum", "avg", "max", "min",
+                                                                     "prod")]
     attr = DistAttr.from_placements([draw(st.sampled_from(choices)) for _ in mesh], ndim, mesh)
     axes = tuple(sorted(draw(st.sets(st.integers(0, max(ndim - 1, 0)), max_size=ndim)))) if ndim else ()
     return shape, attr, kind, axes, draw(st.booleans())

@@ -1,0 +1,357 @@
+"""Convolution, pooling, resampling and padding over ``[N, C, H, W]`` inputs (rules ``conv2d``,
+``conv2d_grad``, ``pool2d``, ``pool2d_grad``, ``pad``, ``pad_grad``), and the output-size
+arithmetic the kernels share with them.
+
+Layouts: the batch axis keeps its sharding (data parallel, no communication); channels follow
+the weight (``conv2d`` with ``groups == 1``: output channels sharded with the weight's dim 0 —
+column parallel — and input channels with its dim 1 — row parallel, output Partial(sum));
+pooling keeps the channel sharding.
+
+Spatial sharding: conv2d and max pooling keep H (and/or W) sharded when x already is, each by
+one mesh dim; the output's pieces are the usual split of the output size, and each rank reads
+the input rows its output rows need from its two neighbours along that mesh dim (a halo
+exchange, :func:`halo_plan`; the rule checks on every rank that no piece needs more than its
+neighbours hold). Other ops require H and W whole.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .base import SpmdResult, TensorMeta, check_ndim, mesh_shape_of, op_name, register_rule, require
+from .dist_attr import split_range
+from .einsum import assignments, layout, merge_shardings
+from .placement import ReduceType
+from .redistribute import reshard_cost
+
+__all__ = ["conv_out_size", "pool_out_size", "conv2d", "conv2d_grad", "pool2d", "pool2d_grad",
+           "pad", "pad_grad", "pool2d_out_hw", "Window", "halo_plan", "HaloPlan",
+           "merge_spatial"]
+
+
+def conv_out_size(n: int, k: int, stride: int, pad0: int, pad1: int, dilation: int) -> int:
+    """Output length of a convolution window sweep (floor division, as Paddle and PyTorch)."""
+    return (n + pad0 + pad1 - dilation * (k - 1) - 1) // stride + 1
+
+
+def pool_out_size(n: int, k: int, stride: int, pad0: int, pad1: int, ceil_mode: bool) -> int:
+    """Output length of a pooling sweep; with ``ceil_mode`` a last partial window counts when it
+    starts inside the input or its leading padding (PyTorch's rule)."""
+    span = n + pad0 + pad1 - k
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= n + pad0:
+        out -= 1
+    return out
+
+
+def pool2d_out_hw(op: str, hw: Sequence[int], attrs: Mapping[str, Any]) -> tuple[int, int]:
+    """The output (H, W) of a ``pool2d``-rule op from its attrs: ``out_hw`` given, or computed
+    from ``kernel_size``, ``stride``, ``padding`` (top, bottom, left, right), ``ceil_mode``."""
+    if attrs.get("out_hw") is not None:
+        return tuple(int(v) for v in attrs["out_hw"])
+    (kh, kw), (sh, sw) = attrs["kernel_size"], attrs["stride"]
+    pt, pb, pl, pr = attrs["padding"]
+    ceil = bool(attrs.get("ceil_mode", False))
+    out = (pool_out_size(hw[0], kh, sh, pt, pb, ceil), pool_out_size(hw[1], kw, sw, pl, pr, ceil))
+    if min(out) <= 0:
+        raise ValueError(f"{op}: output size {list(out)} is not positive for input H, W "
+                         f"{list(hw)}, kernel_size {[kh, kw]}, stride {[sh, sw]}, padding "
+                         f"{[pt, pb, pl, pr]}")
+    return out
+
+
+def _conv_out_shape(op: str, x: TensorMeta, w: TensorMeta, attrs: Mapping[str, Any]
+                    ) -> tuple[int, ...]:
+    check_ndim(op, "x", x, (4,))
+    check_ndim(op, "weight", w, (4,))
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    groups = int(attrs.get("groups", 1))
+    if groups <= 0 or c % groups or o % groups:
+        raise ValueError(f"{op}: groups={groups} must divide the input channels {c} of x "
+                         f"{list(x.shape)} and the output channels {o} of weight {list(w.shape)}")
+    if cg * groups != c:
+        raise ValueError(f"{op}: x {list(x.shape)} has {c} channels but weight {list(w.shape)} "
+                         f"expects {cg} per group x groups={groups} = {cg * groups}")
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    pt, pb, pl, pr = attrs["padding"]
+    ho = conv_out_size(h, kh, sh, pt, pb, dh)
+    wo = conv_out_size(wd, kw, sw, pl, pr, dw)
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"{op}: kernel {[kh, kw]} (dilation {[dh, dw]}) is larger than the "
+                         f"padded input {[h + pt + pb, wd + pl + pr]} of x {list(x.shape)}: "
+                         f"output size {[ho, wo]}")
+    return (n, o, ho, wo)
+
+
+def _conv_notations(attrs: Mapping[str, Any]):
+    """``(h, w) -> [x, weight, out]`` notations: channels are labels only without groups."""
+    grouped = int(attrs.get("groups", 1)) != 1
+    c, o = (None, None) if grouped else ("c", "o")
+    return lambda h, w: [["n", c, h, w], [o, c, None, None], ["n", o, h, w]]
+
+
+@register_rule("conv2d")
+def conv2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x [N, C, H, W], weight [O, C/groups, kh, kw]), attrs stride, padding (top, bottom,
+    left, right), dilation, groups.
+
+    Batch and (without groups) both channel axes merge across x and weight at the fewest moved
+    bytes; H and W are Replicate. Mesh dims on the input channels make the output
+    Partial(sum) (row-parallel conv); partial inputs are resolved."""
+    op = op_name(attrs, "conv2d")
+    require(metas, op, 2)
+    x, w = metas
+    mesh = mesh_shape_of(op, metas)
+    out_shape = _conv_out_shape(op, x, w, attrs)
+    merged, (xn, wn, on) = merge_spatial(metas, _conv_notations(attrs), lambda merged: (
+        check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)))
+    partial = [(m, ReduceType.SUM) for m in merged.get("c", ())]
+    return SpmdResult((layout(xn, merged, mesh), layout(wn, merged, mesh)),
+                      (TensorMeta(out_shape, layout(on, merged, mesh, partial)),))
+
+
+@register_rule("conv2d_grad")
+def conv2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x, weight, dout), attrs as conv2d. Outputs (dx like x, dweight like weight):
+    dx is Partial(sum) over the mesh dims sharding the output channels, dweight over those
+    sharding the batch and the spatial axes."""
+    op = op_name(attrs, "conv2d_grad")
+    require(metas, op, 3)
+    x, w, dout = metas
+    mesh = mesh_shape_of(op, metas)
+    out_shape = _conv_out_shape(op, x, w, attrs)
+    if dout.shape != out_shape:
+        raise ValueError(f"{op}: dout has shape {list(dout.shape)}, expected {list(out_shape)}")
+    merged, (xn, wn, on) = merge_spatial(metas, _conv_notations(attrs), lambda merged: (
+        check_spatial(op, x, attrs, w.shape[2:], out_shape[2:], merged)))
+    dx_partial = [(m, ReduceType.SUM) for m in merged.get("o", ())]
+    dw_partial = [(m, ReduceType.SUM) for lab in ("n", "h", "w") for m in merged.get(lab, ())]
+    return SpmdResult(tuple(layout(n, merged, mesh) for n in (xn, wn, on)),
+                      (TensorMeta(x.shape, layout(xn, merged, mesh, dx_partial)),
+                       TensorMeta(w.shape, layout(wn, merged, mesh, dw_partial))))
+
+
+
+
+def _check_pool_spatial(op, x, attrs, out_hw, merged) -> None:
+    if attrs.get("spatial"):
+        check_spatial(op, x, attrs, attrs["kernel_size"], out_hw, merged)
+
+
+@register_rule("pool2d")
+def pool2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x [N, C, H, W]); output [N, C, Ho, Wo] (:func:`pool2d_out_hw`). N and C keep
+    their sharding; H and W too when attrs ``spatial`` (max pooling) and x is so sharded
+    (halo exchange), else they are Replicate; a Partial input is resolved."""
+    op = op_name(attrs, "pool2d")
+    require(metas, op, 1)
+    (x,) = metas
+    check_ndim(op, "x", x, (4,))
+    mesh = mesh_shape_of(op, metas)
+    ho, wo = pool2d_out_hw(op, x.shape[2:], attrs)
+    merged, (notation,) = merge_spatial(
+        metas, lambda h, w: [["n", "c", h, w]],
+        lambda merged: _check_pool_spatial(op, x, attrs, (ho, wo), merged),
+        bool(attrs.get("spatial")))
+    xa = layout(notation, merged, mesh)
+    return SpmdResult((xa,), (TensorMeta((*x.shape[:2], ho, wo), xa),))
+
+
+@register_rule("pool2d_grad")
+def pool2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x, dout); output dx like x. N and C (and spatial axes as in ``pool2d``) merge
+    across x and dout."""
+    op = op_name(attrs, "pool2d_grad")
+    require(metas, op, 2)
+    x, dout = metas
+    check_ndim(op, "x", x, (4,))
+    mesh = mesh_shape_of(op, metas)
+    out_hw = pool2d_out_hw(op, x.shape[2:], attrs)
+    want = (*x.shape[:2], *out_hw)
+    if dout.shape != want:
+        raise ValueError(f"{op}: dout has shape {list(dout.shape)}, expected {list(want)}")
+    merged, (notation, _) = merge_spatial(
+        metas, lambda h, w: [["n", "c", h, w]] * 2,
+        lambda merged: _check_pool_spatial(op, x, attrs, out_hw, merged),
+        bool(attrs.get("spatial")))
+    xa, ga = layout(notation, merged, mesh), layout(notation, merged, mesh)
+    return SpmdResult((xa, ga), (TensorMeta(x.shape, xa),))
+
+
+def _padded(op: str, x: TensorMeta, pads: Sequence[Sequence[int]], sign: int) -> tuple[int, ...]:
+    if len(pads) != x.ndim:
+        raise ValueError(f"{op}: pads {list(pads)} give {len(pads)} (before, after) pairs for x "
+                         f"of shape {list(x.shape)}")
+    shape = tuple(s + sign * (a + b) for s, (a, b) in zip(x.shape, pads))
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{op}: pads {list(pads)} do not fit shape {list(x.shape)}")
+    return shape
+
+
+def _pad_layout(op: str, x: TensorMeta, pads: Sequence[Sequence[int]]):
+    notation = [d if a == 0 and b == 0 else None for d, (a, b) in enumerate(pads)]
+    merged = merge_shardings([notation], [x.dist_attr], shapes=[x.shape])
+    return layout(notation, merged, mesh_shape_of(op, [x]))
+
+
+@register_rule("pad")
+def pad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (x), attrs pads ((before, after) per axis). Padded axes are Replicate, the others
+    keep their sharding; a Partial input is resolved."""
+    op = op_name(attrs, "pad")
+    require(metas, op, 1)
+    (x,) = metas
+    out = _padded(op, x, attrs["pads"], +1)
+    xa = _pad_layout(op, x, attrs["pads"])
+    return SpmdResult((xa,), (TensorMeta(out, xa),))
+
+
+@register_rule("pad_grad")
+def pad_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
+    """inputs (dout), attrs pads: the gradient of the unpadded input, laid out as ``pad``."""
+    op = op_name(attrs, "pad_grad")
+    require(metas, op, 1)
+    (g,) = metas
+    out = _padded(op, g, attrs["pads"], -1)
+    ga = _pad_layout(op, g, attrs["pads"])
+    return SpmdResult((ga,), (TensorMeta(out, ga),))
+
+
+# -- spatial sharding: halo geometry --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Window:
+    """A window sweep along one axis: size ``n`` in, ``n_out`` out, kernel ``k``, stride ``s``,
+    leading padding ``p0``, dilation ``d``."""
+
+    n: int
+    n_out: int
+    k: int
+    s: int
+    p0: int
+    d: int = 1
+
+    def need(self, parts: int, r: int) -> tuple[int, int] | None:
+        """The global input rows (padding included: may leave [0, n)) that output piece ``r``
+        of ``parts`` reads; None for an empty output piece."""
+        oa, ob = split_range(self.n_out, parts, r)
+        if oa == ob:
+            return None
+        return oa * self.s - self.p0, (ob - 1) * self.s - self.p0 + self.d * (self.k - 1) + 1
+
+
+@dataclass(frozen=True)
+class HaloPlan:
+    """What piece ``r`` does along one axis (local row indices of its own input piece):
+    ``fill_before``/``fill_after`` padding rows, ``from_prev``/``from_next`` rows received,
+    ``own`` the slice of its piece it keeps, ``to_prev``/``to_next`` the slices it sends;
+    ``out_rows``/``out_start``: the size and global start of its output piece."""
+
+    fill_before: int
+    from_prev: int
+    own: tuple[int, int]
+    from_next: int
+    fill_after: int
+    to_prev: tuple[int, int]
+    to_next: tuple[int, int]
+    out_rows: int
+    out_start: int = 0
+
+
+def _overlap(need, a: int, b: int) -> tuple[int, int]:
+    if need is None:
+        return (a, a)
+    lo, hi = max(need[0], a), min(need[1], b)
+    return (lo, hi) if lo < hi else (a, a)
+
+
+def halo_plan(win: Window, parts: int, r: int) -> HaloPlan:
+    """Piece ``r``'s halo exchange along an axis split into ``parts`` (see :class:`HaloPlan`)."""
+    piece = [split_range(win.n, parts, q) for q in range(parts)]
+    a, b = piece[r]
+    need = win.need(parts, r)
+    prev = _overlap(need, *piece[r - 1]) if r > 0 else (0, 0)
+    nxt = _overlap(need, *piece[r + 1]) if r + 1 < parts else (0, 0)
+    own = _overlap(need, a, b)
+    fill_before = max(0, -need[0]) if need else 0
+    fill_after = max(0, need[1] - win.n) if need else 0
+    to_prev = _overlap(win.need(parts, r - 1), a, b) if r > 0 else (a, a)
+    to_next = _overlap(win.need(parts, r + 1), a, b) if r + 1 < parts else (a, a)
+    oa, ob = split_range(win.n_out, parts, r)
+    return HaloPlan(fill_before, prev[1] - prev[0], (own[0] - a, own[1] - a), nxt[1] - nxt[0],
+                    fill_after, (to_prev[0] - a, to_prev[1] - a), (to_next[0] - a, to_next[1] - a),
+                    ob - oa, oa)
+
+
+def check_halo(op: str, axis: int, win: Window, parts: int, mesh_dim: int) -> None:
+    """Every output piece's input rows lie in its own and its two neighbours' pieces, else a
+    ValueError naming the piece (raised alike on every rank: pure metadata)."""
+    piece = [split_range(win.n, parts, q) for q in range(parts)]
+    for r in range(parts):
+        need = win.need(parts, r)
+        if need is None:
+            continue
+        lo, hi = max(need[0], 0), min(need[1], win.n)
+        first = piece[max(r - 1, 0)][0]
+        last = piece[min(r + 1, parts - 1)][1]
+        if lo < first or hi > last:
+            raise ValueError(
+                f"{op}: axis {axis} (size {win.n}) sharded over mesh dim {mesh_dim} in {parts} "
+                f"pieces: the rank at coordinate {r} of that mesh dim needs input indices "
+                f"[{lo}, {hi}) but it and its neighbours hold only [{first}, {last}) (kernel "
+                f"{win.k}, stride {win.s}, dilation {win.d}); use fewer ranks on mesh dim "
+                f"{mesh_dim}")
+
+
+def _windows_of(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequence[int],
+                out_hw: Sequence[int]) -> tuple[Window, ...]:
+    pads, stride = attrs["padding"], attrs["stride"]
+    dil = attrs.get("dilation", (1, 1))
+    return tuple(Window(x.shape[2 + i], out_hw[i], kernel[i], stride[i], pads[2 * i], dil[i])
+                 for i in range(2))
+
+
+def merge_spatial(metas: Sequence[TensorMeta], notations_of: Callable[[Any, Any], list],
+                  check: Callable[[dict], None], allowed: bool = True) -> tuple[dict, list]:
+    """(label -> mesh dims, notations) at the fewest moved bytes over every assignment of the
+    mesh dims to the labels, H and W (labels ``"h"``, ``"w"``; only when ``allowed``) taking
+    at most one mesh dim each; ties go to the inputs' own layouts, then to the map that shards
+    more. ``notations_of(h, w)``
+    gives every input's notation; ``check(merged)`` raises where a halo does not fit: an
+    error when x itself is so sharded, else that map is skipped."""
+    x = metas[0]
+    mesh = x.dist_attr.mesh_shape
+    own = {lab: dm for lab, dm in zip("hw", x.dist_attr.dims_mapping[2:]) if len(dm) == 1}
+    if allowed and own:
+        check(own)  # the user's spatial layout: an error, on every rank, when it cannot work
+    spatial = ["h", "w"] if allowed else []
+    labels = list(dict.fromkeys(lab for n in notations_of(*(spatial or [None, None]))
+                                for lab in n if lab is not None))
+    best = None
+    for merged in assignments(list(range(len(mesh))), [[None] + labels] * len(mesh)):
+        if any(len(merged.get(lab, ())) > 1 for lab in spatial):
+            continue
+        notations = notations_of(*(lab if lab in merged else None for lab in "hw"))
+        try:
+            check(merged)
+        except ValueError:
+            continue
+        wanted = [layout(n, merged, mesh) for n in notations]
+        cost = sum(reshard_cost(m.shape, 1, m.dist_attr, a) for m, a in zip(metas, wanted))
+        moves = any(m.dist_attr != a for m, a in zip(metas, wanted))
+        key = (cost, moves, -sum(len(dm) for dm in merged.values()))
+        if best is None or key < best[0]:
+            best = (key, merged, notations)
+    return best[1], best[2]
+
+
+def check_spatial(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequence[int],
+                  out_hw: Sequence[int], merged: Mapping[Any, tuple[int, ...]]) -> None:
+    """:func:`check_halo` for each spatial axis the merged layout shards."""
+    wins = _windows_of(op, x, attrs, kernel, out_hw)
+    for i, label in ((0, "h"), (1, "w")):
+        dims = merged.get(label, ())
+        if dims:
+            check_halo(op, 2 + i, wins[i], x.dist_attr.mesh_shape[dims[0]], dims[0])
