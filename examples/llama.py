@@ -12,7 +12,6 @@ vocab-parallel, the batch on dp.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from dataclasses import dataclass

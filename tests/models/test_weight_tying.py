@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import disttensor as dt
-import disttensor.nn.functional as F
 from disttensor import Replicate, Shard, nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
