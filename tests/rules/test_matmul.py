@@ -86,10 +86,11 @@ def test_partial_inputs():
     assert out_pl(r) == [P()] and r.inputs[0].is_partial() and not r.inputs[1].is_partial()
     r = run("matmul", meta((2, 6), [P()]), meta((6, 4), [P()]))
     assert out_pl(r) == [P()] and not r.inputs[0].is_partial() and r.inputs[1].is_partial()
-    # partial on mesh 0 kept; y's sharding on mesh 0 gathered; k sharded on mesh 1 adds Partial
+    # keeping x's partial on mesh 0 would gather y's columns and leave the whole [8, 4] output
+    # Partial on both mesh dims; resolving x (24 elements a rank) keeps y's columns sharded
     r = run("matmul", meta((8, 6), [P(), S(1)], (2, 2)), meta((6, 4), [S(1), R()], (2, 2)))
-    assert r.inputs[1].dims_mapping == ((1,), ())
-    assert r.outputs[0].dist_attr.partial == ((0, "sum"), (1, "sum"))
+    assert not r.inputs[0].is_partial() and r.inputs[1].dims_mapping == ((1,), (0,))
+    assert out_pl(r) == [S(1), P()]
 
 
 def test_shape_errors():
