@@ -60,7 +60,7 @@ def test_captured_equals_eager(model_name, mesh_spec, comm):
 
 
 def test_split_keeps_parameter_names_through_inplace_chains(comm):
-    """Seed 001: batch_norm's running statistics and the optimizer update parameters in place;
+    """batch_norm's running statistics and the optimizer update parameters in place;
     no forward output or middle is such a value under another name, and the statistics after 3
     captured steps equal eager's."""
     mesh = train.default_mesh(WORLD)

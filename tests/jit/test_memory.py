@@ -1,4 +1,4 @@
-"""Memory planning (seed 003): worklist liveness, arena placement, the verifier, and captured
+"""Memory planning: worklist liveness, arena placement, the verifier, and captured
 training steps replayed in their planned arena.
 
 Oracles: liveness against a naive fixed point over Python sets; the lower bound against a numpy
@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 import train  # noqa: E402
 
-EXAMPLE = os.path.join(HERE, "..", "data", "memory_planning_example.json")  # from ../shared/data
+EXAMPLE = os.path.join(HERE, "..", "data", "memory_planning_example.json")  # a reference instance of the problem
 
 
 def _example() -> tuple[list[Buffer], dict]:
@@ -162,7 +162,7 @@ def test_verifier_agrees_with_brute_force_on_random_plans(seed):
 # -- liveness -----------------------------------------------------------------------------------
 
 def _naive_liveness(blocks):
-    """Round-robin fixed point over Python sets (the slow algorithm seed 003 replaced)."""
+    """Round-robin fixed point over Python sets (the slow algorithm the worklist replaced)."""
     n = len(blocks)
     live_in = [set() for _ in range(n)]
     live_out = [set() for _ in range(n)]
@@ -233,7 +233,7 @@ WORLD = dt.get_world_size()
 
 
 def tightness(scope: str, recompute: bool = False) -> float:
-    """How close to the lower bound the arena must come. 1.01 at 1, 2 and 4 ranks (issue 10).
+    """How close to the lower bound the arena must come. 1.01 at 1, 2 and 4 ranks.
     On the [3, 1] mesh with every temporary placed, batch 16 splits 6/5/5 and the GPT's peak
     holds one large short-lived temporary among many long-lived pieces: the strategies stop at
     1.03-1.04x and 1,500 random placement orders at best reach 1.06x (the bound is a bound, not

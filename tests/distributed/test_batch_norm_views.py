@@ -1,4 +1,4 @@
-"""The seed scenario (DESIGN §4.3/4.4): batch_norm's views after a reshard and its running
+"""batch_norm's views after a reshard and its running
 statistics under every input placement, and reshape by the dim-trans algorithm with counted
 communication and aliasing of zero-communication results."""
 import numpy as np
