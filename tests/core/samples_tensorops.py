@@ -8,18 +8,7 @@ import numpy as np
 
 from disttensor.ops.shape import normalize_index
 
-
-def _n(rng, *shape):
-    return rng.standard_normal(shape)
-
-
-def _pos(rng, *shape):
-    return rng.uniform(0.5, 2.0, shape)
-
-
-def _distinct(rng, *shape):
-    n = int(np.prod(shape))
-    return (rng.permutation(n) * 0.37 - n * 0.15).reshape(shape)
+from core_samples import _distinct, _n, _pos  # the shared generators (merged back there)
 
 
 def _u(gen=_n, shape=(5, 7), **attrs):
