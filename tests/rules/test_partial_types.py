@@ -2,7 +2,8 @@
 the attrs the op registry passes): a Partial input is either kept exactly as it is or resolved,
 never relabelled; an output is Partial on the input's mesh dim only where an input kept it, and
 then with exactly its reduce type (a Partial(max) never comes out as Partial(min), sum or
-avg). The values behind these layouts are checked by the op-by-placement oracle
+avg), or where the rule resharded a resolved input onto a contracted dim (a Partial(sum) of the
+contraction, as a row-parallel conv gives). The values behind these layouts are checked by the op-by-placement oracle
 (tests/distributed/test_ops_oracle.py), which feeds every op Partial(max), (min), (prod),
 (any) and (all) inputs as well."""
 from __future__ import annotations
@@ -77,10 +78,16 @@ def test_a_partial_input_is_kept_exactly_or_resolved(name):
                             assert not req.is_partial() or req.partial == given, \
                                 f"{what}: input {i} required as {req.partial}"
                             kept |= req.is_partial()
+                        # a resolved input may be resharded onto a contracted dim (P -> S,
+                        # a reduce-scatter): the output is then a Partial(sum) of the contraction
+                        contracted = any(r is not None and 0 in r.sharded_mesh_dims()
+                                         for r in res.inputs)
                         for k, out in enumerate(res.outputs):
                             types_out = dict(out.dist_attr.partial)
                             if 0 in types_out:
-                                assert kept and types_out[0] == ReduceType(rt), \
+                                ok = types_out[0] == ReduceType(rt) if kept else \
+                                    contracted and types_out[0] == ReduceType.SUM
+                                assert ok, \
                                     f"{what}: output {k} Partial({types_out[0]}) on mesh dim 0 " \
                                     f"(inputs {'kept' if kept else 'resolved'})"
                         checked += 1
