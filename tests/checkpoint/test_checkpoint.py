@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -28,14 +26,6 @@ def grid():
     n = world().size
     return dt.ProcessMesh([[0, 1], [2, 3]] if n == 4 else [list(range(n))], dim_names=["a", "b"])
 
-
-@pytest.fixture
-def ckdir(comm):
-    path = comm.bcast(tempfile.mkdtemp(prefix="dt-ckpt-") if comm.rank == 0 else None)
-    yield os.path.join(path, "ckpt")
-    comm.barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 W = np.random.default_rng(0).standard_normal((7, 5))

@@ -3,10 +3,7 @@ checkpoint_id)`` and Paddle's ``dt.save_state_dict(dist_model.state_dict(), path
 ``DistModel.set_state_dict``."""
 from __future__ import annotations
 
-import os
 import pathlib
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -25,14 +22,6 @@ def grid():
     n = collectives.init().size
     return dt.ProcessMesh([[0, 1], [2, 3]] if n == 4 else [list(range(n))], dim_names=["a", "b"])
 
-
-@pytest.fixture
-def ckdir(comm):
-    path = comm.bcast(tempfile.mkdtemp(prefix="dt-ckpt-") if comm.rank == 0 else None)
-    yield os.path.join(path, "ckpt")
-    comm.barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_dcp_save_and_load_reshard(ckdir, comm):
