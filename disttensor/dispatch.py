@@ -51,8 +51,9 @@ _watchers: list[Callable] = []
 _host_read_guard: list[Callable[[str], None]] = []
 
 
-#: the autocast policy ``f(op, inputs) -> inputs`` while a ``dt.amp.auto_cast`` block runs
-#: (:mod:`disttensor.amp`): the inputs the op runs on, cast by ordinary ``cast`` calls
+#: the autocast policy ``f(op, inputs, attrs) -> inputs`` while a ``dt.amp.auto_cast`` block
+#: runs (:mod:`disttensor.amp`): the inputs the op runs on, cast by ordinary ``cast`` calls, or
+#: (not a tuple) the op's result when the policy ran the op itself
 _amp_policy: Callable | None = None
 
 
@@ -263,7 +264,9 @@ def _dist_plan(op: OpDef, inputs: tuple, attrs: dict, inplace: tuple | None) -> 
 def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
     """Run ``op`` on ``inputs`` (Tensors or None) with keyword ``attrs``; returns Tensor(s)."""
     if _amp_policy is not None:
-        inputs = _amp_policy(op, inputs)
+        inputs = _amp_policy(op, inputs, attrs)
+        if type(inputs) is not tuple:  # the policy ran the op itself
+            return inputs
     arrays = []
     first = None
     for t in inputs:

@@ -48,7 +48,7 @@ from .schema import OPS, register
 from .tensor import Tensor
 
 __all__ = ["set_grad_layout", "grad_layout", "to_leaf_layout", "set_bucket_bytes",
-           "bucket_bytes", "set_overlap", "LeafGradSync", "no_sync"]
+           "bucket_bytes", "set_overlap", "LeafGradSync", "no_sync", "keeps_partial_grad"]
 
 # id(leaf) -> (weak reference to the leaf, mesh, DistAttr of its gradient); an entry goes when
 # its leaf dies (Tensor's == is elementwise, so no WeakKeyDictionary)
@@ -110,6 +110,12 @@ def no_sync(model: Any) -> Iterator[None]:
 
 def _deferred(leaf: Tensor) -> bool:
     return any(id(leaf) in ids for ids in _NO_SYNC)
+
+
+def keeps_partial_grad(leaf: Tensor) -> bool:
+    """Whether ``leaf``'s gradient is held Partial (``no_sync``) or given its own layout
+    (:func:`set_grad_layout`, e.g. ZeRO-2's reduce-scatter) rather than all-reduced."""
+    return _deferred(leaf) or id(leaf) in _GRAD_LAYOUTS
 
 
 def _held_layout(attr: DistAttr, g_attr: DistAttr) -> DistAttr:

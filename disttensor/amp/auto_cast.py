@@ -11,6 +11,11 @@ Inside ``with dt.amp.auto_cast(...)`` every op call passes the policy before it 
 * unlisted ops run as called (level O1); at level O2 an unlisted op given both low-precision
   and float32 inputs runs in the low dtype (the parameters are already low: ``decorate``).
 
+On a mesh a white op runs in float32 on inputs rounded to the low dtype and its result is
+rounded once: the rounding cast reduces a Partial result first, and in backward the gradients'
+Partial pieces alike, so each value is rounded where the dense run rounds it (leaves held
+Partial by ``no_sync`` or ZeRO-2 keep per-rank rounding).
+
 Casts are ordinary ``cast`` ops (recorded by autograd, seen by capture and the memory plan).
 Backward runs without the policy: each gradient op runs in the dtypes its forward saw, and a
 cast's gradient casts back. Inputs an op updates in place (batch_norm's running statistics)
@@ -23,11 +28,13 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ..dispatch import set_amp_policy
+from ..dispatch import apply, set_amp_policy
 from ..dtype import LOW_PRECISION, float32, is_floating, to_np_dtype
+from ..grad_sync import keeps_partial_grad
 from ..ops.elementwise import cast
 from ..schema import OpDef
 from ..tape import _GradMode
+from ..tensor import Tensor
 
 __all__ = ["auto_cast", "amp_guard", "low_precision_dtype", "is_float16_supported",
            "is_bfloat16_supported"]
@@ -71,12 +78,14 @@ class _Policy:
         self.level, self.low = level, low
         self.classes = {**dict.fromkeys(white, "white"), **dict.fromkeys(black, "black")}
 
-    def __call__(self, op: OpDef, inputs: tuple) -> tuple:
+    def __call__(self, op: OpDef, inputs: tuple, attrs: dict) -> Any:
         if _GradMode.backward_depth or op.name == "cast":
             return inputs
         cls = self.classes.get(op.name, op.amp)
         floats = [t is not None and is_floating(t.dtype) for t in inputs]
         if cls == "white":
+            if _sums_over_ranks(op, inputs, floats):
+                return self._round_after_reduction(op, inputs, attrs, floats)
             return self._cast(op, inputs, floats, lambda d: d == float32, self.low)
         if cls == "black":
             return self._cast(op, inputs, floats, lambda d: d in LOW_PRECISION, float32)
@@ -90,11 +99,47 @@ class _Policy:
             return self._cast(op, inputs, floats, lambda d: d == float32, self.low)
         return inputs
 
+    def _round_after_reduction(self, op: OpDef, inputs: tuple, attrs: dict,
+                               floats: list) -> Tensor:
+        """A white op on a mesh: the op runs in float32 on inputs rounded to the low dtype,
+        and its result is rounded once, after any Partial sum is reduced (the rounding cast
+        reduces first); in backward the gradients the op hands its inputs are likewise
+        rounded after their reduction. Each value is then the one the dense run rounds."""
+        low = tuple(cast(t, self.low) if f and np.dtype(t.dtype) == float32 else t
+                    for t, f in zip(inputs, floats))
+        wide = tuple(cast(t, float32) if f else t for t, f in zip(low, floats))
+        prev = set_amp_policy(None)
+        try:
+            out = apply(op, wide, attrs)
+        finally:
+            set_amp_policy(prev)
+        return cast(out, self.low)
+
     @staticmethod
     def _cast(op: OpDef, inputs: tuple, floats: list, which, to: np.dtype) -> tuple:
         mutated = {i for i, _ in op.mutates}
         return tuple(cast(t, to) if f and i not in mutated and which(np.dtype(t.dtype)) else t
                      for i, (t, f) in enumerate(zip(inputs, floats)))
+
+
+def _sums_over_ranks(op: OpDef, inputs: tuple, floats: list) -> bool:
+    """Whether a white op runs on a mesh (its result or its gradients may be Partial sums over
+    ranks) with float32 or low-precision inputs only, none updated in place, none a leaf whose
+    gradient skips or reshapes the data-parallel sync (``no_sync``, ZeRO-2: their partial
+    gradients stay per rank, rounded there)."""
+    if op.n_out != 1 or op.mutates:
+        return False
+    dist = False
+    for t, f in zip(inputs, floats):
+        if t is None:
+            continue
+        if f and np.dtype(t.dtype) not in (float32, *LOW_PRECISION):
+            return False
+        if t.is_dist():
+            dist = True
+            if t._node is None and not t.stop_gradient and keeps_partial_grad(t):
+                return False
+    return dist
 
 
 @contextlib.contextmanager

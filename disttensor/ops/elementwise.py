@@ -12,7 +12,7 @@ import numpy as np
 from spmd_rules import broadcast_notations
 
 from ..dispatch import apply, apply_inplace
-from ..dtype import bfloat16, is_floating, to_np_dtype
+from ..dtype import bfloat16, is_floating, promote_floating, to_np_dtype
 from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
                       same_dtype, ufunc_dtype)
 from ..tensor import Tensor
@@ -367,10 +367,14 @@ def _full_like_kernel(xp, x, fill_value, dtype, out=None):
     return out
 
 
+# a Partial input stays Partial only through a cast that keeps every value (float16 ->
+# float32): a rounding cast reduces first, so the sum is rounded once
 register("cast", _cast_kernel, backward=_cast_bwd, accepts_out=True,
          rule="elementwise", dtype=attr_dtype(),
          rule_attrs=lambda a: {"linear": "unary" if is_floating(a["dtype"])
-                               and is_floating(a["src_dtype"]) else None})
+                               and is_floating(a["src_dtype"])
+                               and promote_floating(a["dtype"], a["src_dtype"]) == a["dtype"]
+                               else None})
 
 
 def _clip_kernel(xp, x, min=None, max=None, out=None):
