@@ -11,6 +11,7 @@ channel-parallel, which no plan names).
     python examples/train.py                          # one process (1 x 1 mesh)
     python examples/train.py --dense                  # plain dense tensors, no mesh at all
     mpirun -n 4 python examples/train.py --amp O1 --amp-dtype bfloat16  # mixed precision
+    mpirun -n 4 python examples/train.py --accumulate 4 --to-static  # 4 micro-batches a step
     mpirun -n 4 python examples/train.py --model gpt --pp 2 --micro-batches 4 --schedule 1F1B
 
 The loss curve does not depend on the mesh: ``--dense`` on one process and the 2 x 2 run agree
@@ -19,7 +20,6 @@ to floating-point tolerance (tests/examples check it).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -208,23 +208,19 @@ def to_tensors(xb: np.ndarray, yb: np.ndarray, mesh: dt.ProcessMesh | None,
     return dt.shard_tensor(x, mesh, data_pl), dt.shard_tensor(y, mesh, data_pl)
 
 
-def train_step(model: nn.Layer, opt, x, y, amp: dict | None = None):
+def train_step(model: nn.Layer, opt, x, y, amp: dict | None = None, accumulate: int = 1):
     """One step: forward, loss, backward, optimizer update; returns the loss tensor.
     ``amp``: ``{"level", "dtype", "scaler"}`` runs the forward under ``dt.amp.auto_cast`` and,
-    with a scaler, scales the loss and skips steps whose gradients are not finite."""
-    with dt.amp.auto_cast(enable=amp is not None, **({} if amp is None else {
-            "level": amp["level"], "dtype": amp["dtype"]})):
-        loss = F.cross_entropy(model(x), y)
-    scaler = None if amp is None else amp["scaler"]
-    if scaler is None:
-        loss.backward()
-        opt.step()
-    else:
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-    opt.clear_grad(set_to_zero=False)  # drop grads: the next backward assigns, not adds
-    return loss
+    with a scaler, scales the loss and skips steps whose gradients are not finite.
+    ``accumulate`` N: the batch is N micro-batches, their gradients synced once
+    (``dt.optimizer.merged_step``); the loss returned is their mean."""
+    def forward(xm, ym):
+        with dt.amp.auto_cast(enable=amp is not None, **({} if amp is None else {
+                "level": amp["level"], "dtype": amp["dtype"]})):
+            return F.cross_entropy(model(xm), ym)
+    # clear_grad(set_to_zero=False) drops grads: the next backward assigns, not adds
+    return dt.optimizer.merged_step(model, opt, forward, x, y, accumulate,
+                                    scaler=None if amp is None else amp["scaler"])
 
 
 def amp_setup(args, model: nn.Layer, opt):
@@ -240,21 +236,6 @@ def amp_setup(args, model: nn.Layer, opt):
     scaler = dt.amp.GradScaler(init_loss_scaling=2.0 ** 15) \
         if args.amp_dtype == "float16" else None
     return model, opt, {"level": args.amp, "dtype": args.amp_dtype, "scaler": scaler}
-
-
-def accumulate_step(model: nn.Layer, opt, micro: list) -> float:
-    """One step over micro-batches ``[(x, y), ...]``: each loss scaled by 1/N, the gradient
-    sync skipped (``dt.no_sync``) for all but the last; returns the mean loss."""
-    total = 0.0
-    for k, (x, y) in enumerate(micro):
-        ctx = dt.no_sync(model) if k < len(micro) - 1 else contextlib.nullcontext()
-        with ctx:
-            loss = F.cross_entropy(model(x), y) / len(micro)
-            loss.backward()
-        total += float(loss.numpy())
-    opt.step()
-    opt.clear_grad(set_to_zero=False)
-    return total
 
 
 def _checkpoint(model: nn.Layer, opt, step: int) -> dict:
@@ -293,9 +274,8 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
                                 pp_config=pp_config, layers=args.layers)
     model, opt, amp = amp_setup(args, model, opt)
     sched = opt._learning_rate if args.lr_schedule != "constant" else None
-    if args.accumulate > 1 and (args.to_static or args.batch % args.accumulate or amp):
-        raise SystemExit("train.py: --accumulate needs eager mode without --amp and a --batch it "
-                         "divides")
+    if args.accumulate < 1 or args.batch % args.accumulate:
+        raise SystemExit("train.py: --accumulate needs a positive N that divides --batch")
     first = 1
     if args.resume:
         first = resume(os.path.join(args.resume, model_name), model, opt) + 1
@@ -303,7 +283,7 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
             sched.step(first - 1)
 
     def step_fn(x, y):
-        return train_step(model, opt, x, y, amp)
+        return train_step(model, opt, x, y, amp, args.accumulate)
     if args.to_static:  # captured once (twice: the first step creates the optimizer states)
         step_fn = dt.jit.to_static(step_fn)
     if pp_config is not None:
@@ -315,11 +295,6 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
         xb, yb = batches[(step - 1) % 4]
         if pp_config is not None:
             value = float(step_fn(xb, yb).numpy())
-        elif args.accumulate > 1:
-            m = args.batch // args.accumulate
-            value = accumulate_step(model, opt, [
-                to_tensors(xb[k:k + m], yb[k:k + m], mesh, args.device)
-                for k in range(0, args.batch, m)])
         else:
             value = float(step_fn(*to_tensors(xb, yb, mesh, args.device)).numpy())
         if sched is not None:
@@ -404,7 +379,7 @@ def main(argv=None) -> dict:
     p.add_argument("--clip", type=float, default=None, metavar="NORM",
                    help="clip gradients to this global norm (default: no clipping)")
     p.add_argument("--accumulate", type=int, default=1, metavar="N",
-                   help="split each batch into N micro-batches, one optimizer step (eager)")
+                   help="split each batch into N micro-batches, one optimizer step")
     p.add_argument("--lr-schedule", default="constant", choices=["constant", "warmup-cosine"])
     p.add_argument("--loss-out", default=None, help="write the loss curves as JSON here")
     p.add_argument("--amp", default=None, choices=["O1", "O2"],

@@ -33,6 +33,7 @@ from ..distributed.dist_tensor import DistTensor
 from ..generator import default_generator
 from ..ops import to_tensor
 from ..nn.layer import Layer
+from ..optimizer.gradient_merge import gradient_merge_config, merged_step
 from ..tape import in_backward, is_grad_enabled, no_grad
 from ..tensor import Tensor
 from .program import Program, build_program
@@ -394,6 +395,7 @@ class DistModel:
     def __init__(self, layer, loader=None, loss=None, optimizer=None, strategy=None,
                  input_spec=None):
         self.layer, self.loss, self.optimizer = layer, loss, optimizer
+        self._merge = gradient_merge_config(strategy)  # (k_steps, avg): micro-batches a step
         self._steps = {"train": StaticFunction(self._train_step, "train_step"),
                        "eval": StaticFunction(self._eval_step, "eval_step"),
                        "predict": StaticFunction(self._predict_step, "predict_step")}
@@ -420,11 +422,8 @@ class DistModel:
         return self
 
     def _train_step(self, inputs, labels):
-        loss = self.loss(self.layer(inputs), labels)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.clear_grad(set_to_zero=False)
-        return loss
+        return merged_step(self.layer, self.optimizer, lambda x, y: self.loss(self.layer(x), y),
+                           inputs, labels, *self._merge)
 
     def _eval_step(self, inputs, labels):
         with no_grad():

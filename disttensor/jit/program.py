@@ -527,7 +527,10 @@ def _split(prog: Program) -> tuple[SubProgram, SubProgram]:
                      - set(prog.data))
     fwd_ext = sorted(set(externals) & (used(fwd_ops) | {v for op in fwd_ops
                                                         for v, _ in op.inplace}))
-    bwd_ext = sorted(set(externals) & (bwd_used | {v for op in bwd_ops for v, _ in op.inplace}
+    # named(): an external the forward updated in place is read through its register (a
+    # forward op after a backward, e.g. a micro-batch's batch_norm, reads the updated stats)
+    bwd_ext = sorted(set(externals) & (bwd_used | {named(v) for v in bwd_used & fwd_defined}
+                                       | {v for op in bwd_ops for v, _ in op.inplace}
                                        | set(grad_vids) | set(result_vids)))
     data_grads = sorted({v for (kind, _), v in prog.grads if kind == "arg" and isinstance(v, int)})
     param_grads = sorted(set(grad_vids) - set(data_grads))
