@@ -3,9 +3,10 @@
 An optimizer's ``grad_clip=`` maps the ``(param, grad)`` pairs of a step before the updates.
 The global norm of distributed gradients is computed with ordinary ops on the gradients'
 own layouts, so each element counts once: a sharded gradient's squared sum is a Partial scalar
-(summed across its shards), a replicated one is counted once, a Partial gradient is reduced
-before it is squared. The squared sums of one mesh are added while still Partial, so the
-total costs one all-reduce per mesh dim, whatever the number of gradients. Low-precision gradients are squared and summed in
+(summed across its shards), a replicated one is counted on one coordinate only, a Partial
+gradient is reduced before it is squared. Each rank adds its shares, and one all-reduce over
+the ranks of every gradient's mesh sums them: one per step, whatever the number of gradients,
+mesh dims or meshes. Low-precision gradients are squared and summed in
 float32 (a GradScaler's ``unscale_`` then a clip works as in PyTorch). With ZeRO-2/3 the
 gradients are sharded, so the norm comes from the shards.
 """
@@ -16,7 +17,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..ops import cast, full_like, maximum, sqrt, to_tensor
+from spmd_rules import DistAttr, ProcessMesh, ReduceType
+
+from ..distributed import api  # (a module: api imports nn)
+from ..distributed.mesh_groups import coord_of
+from ..ops import cast, full_like, maximum, sqrt, to_tensor, zeros
 from ..ops import clip as _clip
 from ..tape import no_grad
 from ..tensor import Tensor
@@ -44,25 +49,49 @@ def _sq_sum(g: Tensor) -> Tensor:
     return (g * g).sum()
 
 
+def _reduced(g: Tensor) -> Tensor:
+    """``g`` with its Partial mesh dims reduced (a square is not linear)."""
+    v = g._value
+    return api.reshard_to(g, v.mesh, v.dist_attr.without_partial()) if v.dist_attr.partial else g
+
+
+def _partial_everywhere(s: Tensor) -> Tensor:
+    """The 0-d ``s`` as a Partial(sum) over every mesh dim: a replicated value stays on
+    coordinate 0 only (no communication), so the sum over all ranks counts it once."""
+    v = s._value
+    attr = DistAttr(v.mesh.shape, (), tuple((m, ReduceType.SUM) for m in range(len(v.mesh.shape))))
+    return s if v.dist_attr == attr else api.reshard_to(s, v.mesh, attr)
+
+
 def global_norm(grads: Iterable[Tensor]) -> Tensor:
-    """The 2-norm of all ``grads`` together, as a 0-d tensor (each element counted once; one
-    all-reduce per mesh dim for the total). Gradients on several meshes: their squared sums are combined on the
-    host, read by every rank."""
-    by_mesh: dict = {}
+    """The 2-norm of all ``grads`` together, as a dense 0-d float32 tensor, each element
+    counted once: each rank adds its own share of every squared sum (a sharded gradient's
+    piece, a replicated one on one coordinate only), and one all-reduce over the ranks of all
+    the gradients' meshes sums the shares. Partial gradients are reduced before squaring."""
+    dense, by_mesh = [], {}
     for g in grads:
-        key = id(g.process_mesh) if g.is_dist() else None
-        by_mesh.setdefault(key, []).append(_sq_sum(g))
-    if not by_mesh:
+        if not g.is_dist():
+            dense.append(_sq_sum(g))
+            continue
+        s = _partial_everywhere(_sq_sum(_reduced(g)))
+        mesh = g._value.mesh
+        prev = by_mesh.get(id(mesh))
+        by_mesh[id(mesh)] = (mesh, s if prev is None else prev[1] + s)
+    if not dense and not by_mesh:
         raise ValueError("global_norm: no gradients")
-    totals = []
-    for sums in by_mesh.values():
-        total = sums[0]
-        for s in sums[1:]:
-            total = total + s
-        totals.append(total)
-    if len(totals) == 1:
-        return sqrt(totals[0])
-    return sqrt(full_like(totals[0], sum(float(t.numpy()) for t in totals)))
+    total = None
+    if by_mesh:
+        ranks = sorted({r for mesh, _ in by_mesh.values() for r in mesh.process_ids})
+        flat = ProcessMesh(ranks, dim_names=["ranks"])
+        mine = [api._to_local(s) for mesh, s in by_mesh.values() if coord_of(mesh) is not None]
+        share = zeros([], "float32")
+        for s in mine:
+            share = share + s
+        summed = api._from_local(share, flat, DistAttr(flat.shape, (), ((0, ReduceType.SUM),)), ())
+        total = api._to_local(api.reshard_to(summed, flat, DistAttr.replicated(0, flat.shape)))
+    for s in dense:   # the same on every rank
+        total = s if total is None else total + s
+    return sqrt(total)
 
 
 class ClipGradByGlobalNorm:

@@ -1,5 +1,5 @@
 """The global gradient norm over every placement (sharded, replicated, Partial, co-sharded,
-ZeRO 1/2/3) against numpy, with one all-reduce per mesh; ``no_sync`` accumulation: no sync
+ZeRO 1/2/3) against numpy, with one all-reduce per step; ``no_sync`` accumulation: no sync
 inside, one sync after, gradients equal numpy's full-batch ones."""
 from __future__ import annotations
 
@@ -85,10 +85,10 @@ def test_global_norm_every_placement(comm, name):
     value = float(norm.numpy())
     counts = collectives.collective_counts()
     np.testing.assert_allclose(value, ref, rtol=1e-6)
-    # the squared sums' total: one all-reduce per mesh dim (not per gradient), plus the
-    # reduction of each Partial gradient before it is squared
+    # the squared sums' total: one all-reduce over the mesh's ranks (not per gradient, not
+    # per mesh dim), plus the reduction of each Partial gradient before it is squared
     reductions = sum(isinstance(p, Partial) for pl in placements for p in pl)
-    assert counts["all_reduce"] <= len(mesh.shape) + reductions, counts
+    assert counts.get("all_reduce", 0) == (1 + reductions if world() > 1 else 0), counts
     clipped = dt.nn.ClipGradByGlobalNorm(ref / 4)([(None, g) for g in grads])
     for (_, c), a in zip(clipped, arrays):
         np.testing.assert_allclose(c.numpy(), a / 4, rtol=1e-5, atol=1e-6)
@@ -139,7 +139,7 @@ def test_clip_grad_norm_under_zero(comm, stage):
     total = math.sqrt(sum(float((g ** 2).sum()) for g in ref.values()))
     collectives.reset_collective_counts()
     norm = dt.nn.utils.clip_grad_norm_(model.parameters(), max_norm=total / 2)
-    assert collectives.collective_counts()["all_reduce"] <= 1
+    assert collectives.collective_counts().get("all_reduce", 0) == (world() > 1)
     np.testing.assert_allclose(float(norm.numpy()), total, rtol=1e-5)
     for n, p in model.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), ref[n] * (total / 2) / (total + 1e-6),
