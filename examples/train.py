@@ -228,9 +228,6 @@ def amp_setup(args, model: nn.Layer, opt):
     master weights); float16 gets a GradScaler (bfloat16 keeps float32's range: none needed)."""
     if args.amp is None:
         return model, opt, None
-    if args.amp_dtype == "float16" and args.to_static:
-        raise SystemExit("train.py: loss scaling (--amp-dtype float16) decides on the host "
-                         "whether to step; run it without --to-static, or use bfloat16")
     if args.amp == "O2":
         model, opt = dt.amp.decorate(model, opt, level="O2", dtype=args.amp_dtype)
     scaler = dt.amp.GradScaler(init_loss_scaling=2.0 ** 15) \

@@ -63,14 +63,14 @@ def test_inf_skips_the_step_and_the_scale_adapts():
 
 def test_state_dict_round_trip_and_static_scaling():
     s = dt.amp.GradScaler(init_loss_scaling=32.0, incr_every_n_steps=3)
-    s._incr_count = 2
+    s.load_state_dict({"scale": 32.0, "incr_count": 2, "decr_count": 0})
     sd = s.state_dict()
     assert sd["scale"] == 32.0 and sd["incr_count"] == 2 and sd["incr_every_n_steps"] == 3
     t = dt.amp.GradScaler()
     t.load_state_dict(sd)
     assert t.state_dict() == sd
     static = dt.amp.GradScaler(init_loss_scaling=4.0, use_dynamic_loss_scaling=False)
-    static._found_inf = True
+    static._finite = dt.to_tensor(False)      # as after a step whose gradients held inf
     static.update()
     assert static.get_loss_scaling() == 4.0
     off = dt.amp.GradScaler(enable=False)
