@@ -8,7 +8,9 @@ timed steps (``step_ms``, eager, modes timed in turn step by step), the most byt
 allocates at once during one step above what it held before (``peak_bytes``, tracemalloc: it
 sees numpy's buffers; on a GPU cupy's pool high-water mark instead) and the bytes of the
 model's parameters, optimizer states and masters (``state_bytes``); and the ratios
-``O1_vs_fp32`` / ``O2_vs_fp32`` of each, measured in the same run.
+``O1_vs_fp32`` / ``O2_vs_fp32`` of each, measured in the same run. ``O1_per_rank`` and
+``O2_per_rank`` run with ``dt.amp.set_round_after_reduction(False)`` (each rank rounds its
+partial sums: no float32 saved inputs, weight gradients synced in the overlapped buckets).
 
 On CPU numpy has no bfloat16 arithmetic: disttensor computes bfloat16 kernels in float32 and
 rounds, so O1/O2 pay for their casts and gain nothing in speed there; the memory of the saved
@@ -34,7 +36,9 @@ import disttensor as dt  # noqa: E402
 import train  # noqa: E402
 from disttensor.jit import peak_bytes  # noqa: E402
 
-MODES = {"fp32": None, "O1": "O1", "O2": "O2"}
+#: mode -> (amp level, partial sums rounded once after the reduction)
+MODES = {"fp32": (None, True), "O1": ("O1", True), "O2": ("O2", True),
+         "O1_per_rank": ("O1", False), "O2_per_rank": ("O2", False)}
 
 
 def _max_over_ranks(x: float) -> float:
@@ -67,14 +71,18 @@ def bench(size: str, steps: int, warmup: int, amp_dtype: str, device: str) -> di
     mesh = None if dt.get_world_size() == 1 else train.default_mesh(dt.get_world_size())
     batch = 16 if size == "default" else 32
     runs = {}
-    for mode, level in MODES.items():
+    for mode, (level, once) in MODES.items():
         model, opt, batches = train.build("gpt", 3, mesh, batch=batch, size=size, device=device)
         args = SimpleNamespace(amp=level, amp_dtype=amp_dtype, to_static=False)
         model, opt, amp = train.amp_setup(args, model, opt)
         data = [train.to_tensors(*b, mesh, device) for b in batches]
 
-        def step(x, y, model=model, opt=opt, amp=amp):
-            return float(train.train_step(model, opt, x, y, amp).numpy())
+        def step(x, y, model=model, opt=opt, amp=amp, once=once):
+            prev = dt.amp.set_round_after_reduction(once)
+            try:
+                return float(train.train_step(model, opt, x, y, amp).numpy())
+            finally:
+                dt.amp.set_round_after_reduction(prev)
         for k in range(warmup):
             step(*data[k % 4])
         peak = _gpu_peak(step, *data[0]) if device == "gpu" else peak_bytes(step, *data[0])[1]
@@ -93,7 +101,7 @@ def bench(size: str, steps: int, warmup: int, amp_dtype: str, device: str) -> di
         out[mode] = {"step_ms": round(statistics.median(r["times"]) * 1e3, 3),
                      "peak_bytes": int(_max_over_ranks(r["peak"])),
                      "state_bytes": int(_max_over_ranks(r["state"]))}
-    for mode in ("O1", "O2"):
+    for mode in [m for m in MODES if m != "fp32"]:
         out[f"{mode}_vs_fp32"] = {k: round(out[mode][k] / out["fp32"][k], 3)
                                   for k in ("step_ms", "peak_bytes", "state_bytes")}
     return out

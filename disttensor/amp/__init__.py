@@ -3,9 +3,15 @@
 loss scaling agreed across ranks). See docs/guide/mixed_precision.md."""
 from __future__ import annotations
 
-from .auto_cast import amp_guard, auto_cast, is_bfloat16_supported, is_float16_supported
+from .auto_cast import (
+    amp_guard,
+    auto_cast,
+    is_bfloat16_supported,
+    is_float16_supported,
+    set_round_after_reduction,
+)
 from .grad_scaler import AmpScaler, GradScaler
 from .master_weights import decorate
 
 __all__ = ["auto_cast", "amp_guard", "decorate", "GradScaler", "AmpScaler",
-           "is_float16_supported", "is_bfloat16_supported"]
+           "is_float16_supported", "is_bfloat16_supported", "set_round_after_reduction"]

@@ -37,7 +37,7 @@ from ..tape import _GradMode
 from ..tensor import Tensor
 
 __all__ = ["auto_cast", "amp_guard", "low_precision_dtype", "is_float16_supported",
-           "is_bfloat16_supported"]
+           "is_bfloat16_supported", "set_round_after_reduction"]
 
 LEVELS = ("O0", "O1", "O2")
 
@@ -122,12 +122,29 @@ class _Policy:
                      for i, (t, f) in enumerate(zip(inputs, floats)))
 
 
+_ROUND_ONCE = [True]
+
+
+def set_round_after_reduction(enable: bool) -> bool:
+    """Whether a white op on a mesh rounds its Partial sums once, after the float32 reduction
+    (True, the default: the dense run's values) or on each rank before it (False: no float32
+    saved inputs, weight gradients synced in the overlapped buckets; faster). Returns the
+    previous setting.
+
+    Example::
+
+        dt.amp.set_round_after_reduction(False)   # per-rank rounding, as DDP with autocast
+    """
+    prev, _ROUND_ONCE[0] = _ROUND_ONCE[0], bool(enable)
+    return prev
+
+
 def _sums_over_ranks(op: OpDef, inputs: tuple, floats: list) -> bool:
     """Whether a white op runs on a mesh (its result or its gradients may be Partial sums over
     ranks) with float32 or low-precision inputs only, none updated in place, none a leaf whose
     gradient skips or reshapes the data-parallel sync (``no_sync``, ZeRO-2: their partial
     gradients stay per rank, rounded there)."""
-    if op.n_out != 1 or op.mutates:
+    if op.n_out != 1 or op.mutates or not _ROUND_ONCE[0]:
         return False
     dist = False
     for t, f in zip(inputs, floats):

@@ -76,6 +76,21 @@ def test_partial_products_are_rounded_once_after_the_sum():
                                   _two_layers(None, steps=1)[1])
 
 
+def test_per_rank_rounding_when_switched_off():
+    """``set_round_after_reduction(False)``: each rank rounds its partial products (the mesh
+    run then differs from the dense one wherever a mesh dim splits a contraction)."""
+    prev = dt.amp.set_round_after_reduction(False)
+    try:
+        mesh = _two_layers(dp_mp())
+    finally:
+        assert dt.amp.set_round_after_reduction(prev) is False
+    dense = _two_layers(None)
+    if collectives.init().size > 1:
+        assert mesh[0] != dense[0]
+    else:
+        assert mesh[0] == dense[0]
+
+
 def test_gpt_o1_mesh_tracks_dense():
     """train.py's GPT under O1 bfloat16, 5 AdamW steps: the first step's loss agrees to float32
     order; later steps to 2e-4 (a float32 sum taken in another order that lands on the other
