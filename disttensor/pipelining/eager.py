@@ -214,7 +214,7 @@ class _StepState:
         start = time.perf_counter()
         with self.draws.chunk(a.mb, None, base) as cd, \
                 run_chunk(self.info, k, received, cd.start):
-            out = self._chunk_output(a.mb)
+            out = chunk_output(self.s.model, self.xs[a.mb])
             if self._is_last(k):
                 loss = self.s.loss_fn(out, self.s._label_on_last(self.ys[a.mb]))
         self.s._pre[k] = cd.pre
@@ -228,12 +228,6 @@ class _StepState:
         self.outputs[a.mb, a.chunk] = out
         self._done(a, start)
 
-    def _chunk_output(self, mb: int) -> Tensor:
-        try:
-            return self.s.model(self.xs[mb])
-        except StageOutput as done:
-            return done.output
-
     def backward(self, a: Action) -> None:
         k = self._virtual(a)
         out = self.outputs.pop((a.mb, a.chunk))
@@ -245,6 +239,14 @@ class _StepState:
             inp = self.inputs.pop((a.mb, a.chunk))
             self.pending += send_tensor(inp.grad, self._peer(k - 1), self._tag(k - 1, a.mb, True))
         self._done(a, start)
+
+
+def chunk_output(model: Any, tokens: Tensor) -> Tensor:
+    """The output of the chunk :func:`run_chunk` selected, from a call of ``model``."""
+    try:
+        return model(tokens)
+    except StageOutput as done:
+        return done.output
 
 
 class ScheduleFThenB(PipelineSchedule):
