@@ -34,10 +34,10 @@ from .eager import PipelineSchedule, _StepState, chunk_output
 from .schedules import SCHEDULES, Action
 from .transfer import send_tensor
 
-__all__ = ["CapturedPipeline", "captured_pipeline"]
+__all__ = ["CapturedPipeline", "CapturedSchedule", "captured_pipeline"]
 
 
-class _CapturedSchedule(PipelineSchedule):
+class CapturedSchedule(PipelineSchedule):
     """A schedule whose chunks run as captured programs (see the module notes)."""
 
     def __init__(self, model: Any, schedule: str, m: int, loss_fn: Callable, v: int):
@@ -47,57 +47,57 @@ class _CapturedSchedule(PipelineSchedule):
         self.params = [p for p in model.parameters()
                        if p.is_dist() and p._value.mesh.contains(me)]
         self.programs: dict[tuple, StaticFunction] = {}
+        self.draw_counter = None  # the draw counter of the running chunk
 
     def _runner(self, xs: list, ys: list, draws) -> "_CapturedStep":
         return _CapturedStep(self, xs, ys, draws)
 
-    def program(self, key: tuple, fn: Callable) -> StaticFunction:
-        """The captured program of ``key`` (chunk, kind, sync), per gradient state."""
+    def program(self, key: tuple, make: Callable[[int], Callable]) -> StaticFunction:
+        """The captured program of ``key`` (chunk, kind, sync), per gradient state; ``make``
+        gives the chunk's function to capture."""
         key = key + (tuple(p.grad is None for p in self.params),)
         prog = self.programs.get(key)
         if prog is None:
-            prog = self.programs[key] = StaticFunction(fn, f"pipeline_{key[1]}_chunk{key[0]}")
+            prog = self.programs[key] = StaticFunction(make(key[0]),
+                                                       f"pipeline_{key[1]}_chunk{key[0]}")
         return prog
 
 
-class _CapturedStep(_StepState):
-    """One captured step's actions (the eager step's bookkeeping, programs for the work)."""
-
-    def __init__(self, sched: _CapturedSchedule, xs: list, ys: list, draws):
-        super().__init__(sched, xs, ys, draws)
-        self.cd = None  # the draw counter of the running chunk
-
     def _run(self, k: int, received: Tensor | None, tokens: Tensor) -> Tensor:
         """The chunk's output, eagerly (while a program is captured)."""
-        with run_chunk(self.info, k, received, lambda: self.cd.start()):
-            return chunk_output(self.s.model, tokens)
+        with run_chunk(self.info, k, received, lambda: self.draw_counter.start()):
+            return chunk_output(self.model, tokens)
 
-    def _forward_fn(self, k: int) -> Callable:
+    def forward_fn(self, k: int) -> Callable:
         def forward(received, tokens):
             return self._run(k, received, tokens)
         return forward
 
-    def _backward_fn(self, k: int) -> Callable:
+    def backward_fn(self, k: int) -> Callable:
         def forward_backward(received, tokens, grad):
             backward([self._run(k, received, tokens)], [grad])
             return None if received is None else received.grad
         return forward_backward
 
-    def _last_fn(self, k: int) -> Callable:
-        scale = 1.0 / self.s.n_microbatches
+    def last_fn(self, k: int) -> Callable:
+        scale = 1.0 / self.n_microbatches
 
         def forward_loss_backward(received, tokens, label):
-            loss = self.s.loss_fn(self._run(k, received, tokens), label)
+            loss = self.loss_fn(self._run(k, received, tokens), label)
             backward([loss * scale])
             return loss, None if received is None else received.grad
         return forward_loss_backward
 
-    def _call(self, a: Action, kind: str, fn: Callable, base: int | None, *args):
+
+class _CapturedStep(_StepState):
+    """One captured step's actions (the eager step's bookkeeping, programs for the work)."""
+
+    def _call(self, a: Action, kind: str, make: Callable, base: int | None, *args):
         k = self._virtual(a)
         sync = kind == "forward" or self.last_backward[a.chunk] == a.mb
-        prog = self.s.program((k, kind, sync), fn(k))
+        prog = self.s.program((k, kind, sync), make)
         with self.draws.chunk(a.mb, self.s._pre.get(k), base) as cd:
-            self.cd = cd
+            self.s.draw_counter = cd
             if kind == "forward":
                 with no_grad():
                     out = prog(*args)
@@ -114,13 +114,13 @@ class _CapturedStep(_StepState):
         tokens = self.xs[a.mb]
         if self._is_last(k):
             label = self.s._label_on_last(self.ys[a.mb])
-            (loss, grad_in), end = self._call(a, "last", self._last_fn, base, received, tokens,
+            (loss, grad_in), end = self._call(a, "last", self.s.last_fn, base, received, tokens,
                                               label)
             self.losses.append(loss)
             self.draw_counts.append(end)
             self.inputs[a.mb, a.chunk] = grad_in
         else:
-            out, end = self._call(a, "forward", self._forward_fn, base, received, tokens)
+            out, end = self._call(a, "forward", self.s.forward_fn, base, received, tokens)
             self.pending += send_tensor(out, self._peer(k + 1), self._tag(k + 1, a.mb, False),
                                         note=end)
             self.inputs[a.mb, a.chunk] = (received, base)
@@ -135,7 +135,7 @@ class _CapturedStep(_StepState):
             received, base = self.inputs.pop((a.mb, a.chunk))
             grad = self._receive(k, a.mb, True)[0]
             start = time.perf_counter()
-            grad_in, _ = self._call(a, "backward", self._backward_fn, base, received,
+            grad_in, _ = self._call(a, "backward", self.s.backward_fn, base, received,
                                     self.xs[a.mb], grad)
         if k > 0:
             self.pending += send_tensor(grad_in, self._peer(k - 1), self._tag(k - 1, a.mb, True))
@@ -154,7 +154,7 @@ class CapturedPipeline:
         if cfg.schedule_mode not in SCHEDULES:
             raise ValueError(f"{fn}: schedule_mode must be one of {list(SCHEDULES)}, got "
                              f"{cfg.schedule_mode!r}")
-        self.schedule = _CapturedSchedule(layer, cfg.schedule_mode, cfg.accumulate_steps, loss,
+        self.schedule = CapturedSchedule(layer, cfg.schedule_mode, cfg.accumulate_steps, loss,
                                           cfg.vpp_degree)
         self.optimizer = optimizer
         self.update = StaticFunction(self._update, "pipeline_update")
