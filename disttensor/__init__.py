@@ -63,6 +63,6 @@ from . import incubate  # noqa: E402,F401
 # -- pipeline parallelism --
 from . import pipelining  # noqa: E402
 from .parallel.pipeline import SplitPoint  # noqa: E402
-from .jit.strategy import Strategy  # noqa: E402
 
 manual_seed = seed  # PyTorch's name for dt.seed  # noqa: E305,F405
+from .strategy import Strategy  # noqa: E402

@@ -176,4 +176,8 @@ def captured_pipeline(layer: Any, loss: Callable | None, optimizer: Any,
     cfg = getattr(strategy, "pipeline", None)
     if cfg is None or not cfg.enable:
         return None
+    merge = getattr(strategy, "gradient_merge", None)
+    if merge is not None and merge.enable:
+        raise ValueError("to_static (strategy.pipeline): gradient_merge cannot be enabled "
+                         "beside the pipeline; its micro-batches are pipeline.accumulate_steps")
     return CapturedPipeline(layer, loss, optimizer, cfg)

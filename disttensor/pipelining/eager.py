@@ -108,7 +108,7 @@ class PipelineSchedule:
         if self._per_mb is None:  # learn N: micro-batch 0 through every stage first
             actions = first_forwards_first(actions)
         try:
-            for i, a in enumerate(actions):
+            for a in actions:
                 if draws.per_mb is None and not (a.kind == "F" and a.mb == 0):
                     draws.per_mb = self._share_draws(run)
                 (run.forward if a.kind == "F" else run.backward)(a)

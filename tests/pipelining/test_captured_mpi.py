@@ -69,9 +69,10 @@ def test_strategy_spellings_and_bad_input():
     s = dt.Strategy({"pipeline": {"enable": True, "accumulate_steps": 2}})
     assert s.pipeline.enable and s.pipeline.accumulate_steps == 2
     assert s.pipeline.schedule_mode == "1F1B" and s.pipeline.micro_batch_size == 1
-    with pytest.raises(AttributeError, match="Strategy.pipeline: no option 'schedule'"):
-        s.pipeline.schedule = "1F1B"
-    with pytest.raises(ValueError, match="unknown sections"):
+    assert s.pipeline.vpp_degree == 1
+    with pytest.raises(ValueError, match=r"unknown pipeline settings \['schedule'\]"):
+        dt.Strategy({"pipeline": {"schedule": "1F1B"}})
+    with pytest.raises(ValueError, match="unknown groups"):
         dt.Strategy({"pipelines": {}})
     model, opt = fresh(2)
     with pytest.raises(ValueError, match="has no pipeline stages"):
@@ -83,3 +84,6 @@ def test_strategy_spellings_and_bad_input():
     s.pipeline.schedule_mode = "1F1B"
     with pytest.raises(ValueError, match="needs both loss and optimizer"):
         dt.to_static(model, None, loss_fn, None, strategy=s)
+    s.gradient_merge.enable = True
+    with pytest.raises(ValueError, match="gradient_merge cannot be enabled beside"):
+        dt.to_static(model, None, loss_fn, opt, strategy=s)
