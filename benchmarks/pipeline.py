@@ -3,13 +3,16 @@
     OMP_NUM_THREADS=1 mpiexec -n 4 python benchmarks/pipeline.py [--quick] [--plot out.png]
 
 A GPT-like model (examples/train.py's GPT) cut into stages on a [pp] mesh (pp = world size)
-is trained one step per schedule (FThenB, 1F1B, VPP with v = 2) with m micro-batches. Prints
+is trained one step per schedule (FThenB, 1F1B, VPP with v = 2, and 1F1B with every chunk's
+work a captured program, as ``to_static`` with ``strategy.pipeline`` runs it) with m
+micro-batches. Prints
 JSON on rank 0: per schedule the median step time (``step_ms``), the most bytes stage 0
 allocates at once during a step above what it held before (``stage0_peak_bytes``,
 tracemalloc: activations kept for pending backwards dominate), the measured bubble fraction
 (``bubble``: 1 - busy / (ranks x span) from every rank's action timeline, receive waits
 counted as idle) beside the theoretical ``(pp - 1) / (v m + pp - 1)``, and the ratio
-``1F1B_vs_FThenB_peak`` measured in the same run. ``--plot`` draws the timelines of the
+``1F1B_vs_FThenB_peak`` measured in the same run, and the captured 1F1B's step time and peak
+against the eager 1F1B's (``captured_vs_eager_1F1B_*``). ``--plot`` draws the timelines of the
 last step of each schedule (matplotlib, the ``plot`` extra).
 """
 from __future__ import annotations
@@ -31,23 +34,28 @@ import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
 import train  # noqa: E402
 from disttensor.distributed.mesh_groups import world  # noqa: E402
+from disttensor.pipelining.captured import CapturedSchedule  # noqa: E402
 
 SCHEDULES = {"FThenB": (dt.pipelining.ScheduleFThenB, 1),
              "1F1B": (dt.pipelining.Schedule1F1B, 1),
-             "VPP": (dt.pipelining.ScheduleVPP, 2)}
+             "VPP": (dt.pipelining.ScheduleVPP, 2),
+             "1F1B captured": (None, 1)}
 
 
 def _build(name: str, pp: int, size: dict, m: int):
     dt.seed(0)
     model = train.GPT(size["vocab"], size["seq"], size["d"], size["heads"], size["layers"])
     cls, v = SCHEDULES[name]
+    schedule = name.split()[0]
     mesh = dt.ProcessMesh(list(range(pp)), dim_names=["pp"])
     model, _ = dt.parallelize(model, None, mesh, {"pp_config": {
-        "split_spec": "blocks", "schedule": name, "vpp_degree": v}})
+        "split_spec": "blocks", "schedule": schedule, "vpp_degree": v}})
     vocab = size["vocab"]
 
     def loss_fn(logits, y):
         return F.cross_entropy(logits.reshape([-1, vocab]), y.reshape([-1]))
+    if cls is None:  # the captured step's schedule (to_static with strategy.pipeline)
+        return model, CapturedSchedule(model, schedule, m, loss_fn, v)
     kw = {"vpp_degree": v} if v > 1 else {}
     return model, cls(model, n_microbatches=m, loss_fn=loss_fn, **kw)
 
@@ -65,8 +73,9 @@ def measure(name: str, pp: int, size: dict, m: int, steps: int) -> dict:
     rng = np.random.default_rng(0)
     x = rng.integers(0, size["vocab"], (size["batch"], size["seq"]))
     y = rng.integers(0, size["vocab"], (size["batch"], size["seq"]))
-    sched.step(x, y)  # warm-up: caches, first gradients
-    model.clear_gradients(set_to_zero=False)
+    for _ in range(2):  # warm-up: caches, first gradients (captured: every program)
+        sched.step(x, y)
+        model.clear_gradients(set_to_zero=False)
     times, bubbles = [], []
     for _ in range(steps):
         world().barrier()
@@ -85,12 +94,13 @@ def measure(name: str, pp: int, size: dict, m: int, steps: int) -> dict:
     model.clear_gradients(set_to_zero=False)
     peaks = world().exchange_metadata(peak)
     v = SCHEDULES[name][1]
+    schedule = name.split()[0]
     return {"step_ms": 1e3 * statistics.median(times), "stage0_peak_bytes": int(peaks[0]),
             "peak_bytes_per_rank": [int(p) for p in peaks],
             "bubble": statistics.median(bubbles),
             "bubble_theoretical": dt.pipelining.theoretical_bubble(pp, m, v),
             "bubble_table": dt.pipelining.bubble_fraction(
-                dt.pipelining.schedule_actions(name, pp, m, v), v),
+                dt.pipelining.schedule_actions(schedule, pp, m, v), v),
             "timeline": timeline}
 
 
@@ -132,6 +142,10 @@ def main() -> None:
                             for k, r in results.items()},
               "1F1B_vs_FThenB_peak": results["1F1B"]["stage0_peak_bytes"]
               / results["FThenB"]["stage0_peak_bytes"],
+              "captured_vs_eager_1F1B_step": results["1F1B captured"]["step_ms"]
+              / results["1F1B"]["step_ms"],
+              "captured_vs_eager_1F1B_peak": results["1F1B captured"]["stage0_peak_bytes"]
+              / results["1F1B"]["stage0_peak_bytes"],
               "pp_over_m": pp / m}
     if dt.get_rank() == 0:
         print(json.dumps(report, indent=1))

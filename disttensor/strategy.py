@@ -13,7 +13,7 @@ _DEFAULTS = {
     "fused_passes": {"enable": False, "gemm_epilogue": False, "dropout_add": False},
     "gradient_merge": {"enable": False, "k_steps": 1, "avg": True},
     "pipeline": {"enable": False, "schedule_mode": "1F1B", "micro_batch_size": 1,
-                 "accumulate_steps": 1},
+                 "accumulate_steps": 1, "vpp_degree": 1},
 }
 
 

@@ -13,6 +13,8 @@ channel-parallel, which no plan names).
     mpirun -n 4 python examples/train.py --amp O1 --amp-dtype bfloat16  # mixed precision
     mpirun -n 4 python examples/train.py --accumulate 4 --to-static  # 4 micro-batches a step
     mpirun -n 4 python examples/train.py --model gpt --pp 2 --micro-batches 4 --schedule 1F1B
+    mpirun -n 4 python examples/train.py --model gpt --pp 2 --micro-batches 4 --to-static \
+        --dropout 0.1                                # captured pipeline steps, with dropout
 
 The loss curve does not depend on the mesh: ``--dense`` on one process and the 2 x 2 run agree
 to floating-point tolerance (tests/examples check it).
@@ -66,23 +68,26 @@ class Attention(nn.Layer):
 
 
 class Block(nn.Layer):
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, dropout: float = 0.0):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = Attention(d, heads)
         self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()  # residual dropout
 
     def forward(self, x, mask):
-        x = x + self.attn(self.ln1(x), mask)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate=True))
+        x = x + self.drop(self.attn(self.ln1(x), mask))
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate=True)))
 
 
 class GPT(nn.Layer):
-    def __init__(self, vocab: int, seq: int, d: int, heads: int, layers: int):
+    def __init__(self, vocab: int, seq: int, d: int, heads: int, layers: int,
+                 dropout: float = 0.0):
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(seq, d)
-        self.blocks = nn.LayerList([Block(d, heads) for _ in range(layers)])
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.blocks = nn.LayerList([Block(d, heads, dropout) for _ in range(layers)])
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias_attr=False)
         causal = np.triu(np.full((seq, seq), -1e9, dtype=np.float32), k=1)
@@ -90,7 +95,7 @@ class GPT(nn.Layer):
         self.register_buffer("pos", dt.arange(seq), persistable=False)
 
     def forward(self, tokens):
-        x = self.wte(tokens) + self.wpe(self.pos)
+        x = self.drop(self.wte(tokens) + self.wpe(self.pos))
         for blk in self.blocks:
             x = blk(x, self.mask)
         return self.head(self.ln(x))
@@ -152,14 +157,15 @@ SIZES = {"default": {"mlp": (16, 32, 8), "gpt": (64, 16, 32, 4, 2)},
 def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 16,
           dtype: str = "float32", size: str = "default", sharding: int = 0,
           device: str = "cpu", clip: float | None = None, lr_schedule: str = "constant",
-          steps: int = 50, pp_config: dict | None = None, layers: int | None = None):
+          steps: int = 50, pp_config: dict | None = None, layers: int | None = None,
+          dropout: float = 0.0):
     """(model, optimizer, batches): the model of ``SIZES[size]`` placed on ``mesh`` (dense
     without one) and moved to ``device``, AdamW (ZeRO stage ``sharding`` on the dp mesh dim
     when > 0; gradients clipped to global norm ``clip``; ``lr_schedule`` "warmup-cosine": a
     linear warmup over the first tenth of ``steps``, then cosine decay), and the four global
     (x, y) batches the steps cycle through. ``pp_config``: the GPT's blocks cut into pipeline
     stages on the "pp" dim of a [pp, dp, mp] mesh; ``layers``: the GPT's block count (default:
-    the size's)."""
+    the size's); ``dropout``: the GPT's dropout probability (embeddings, residuals)."""
     dt.seed(seed)
     rng = np.random.default_rng(seed)
     dims = SIZES[size][model_name]
@@ -168,7 +174,7 @@ def build(model_name: str, seed: int, mesh: dt.ProcessMesh | None, batch: int = 
         x_all, y_all = mlp_data(rng, batch * 4, dims[0], dims[2])
     else:
         dims = dims if layers is None else (*dims[:4], layers)
-        model, lr = GPT(*dims), 3e-3
+        model, lr = GPT(*dims, dropout=dropout), 3e-3
         x_all, y_all = gpt_data(rng, batch * 4, dims[1], dims[0])
     if dtype != "float32":
         model.to(dtype=dtype)
@@ -268,7 +274,7 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
     model, opt, batches = build(model_name, args.seed, mesh, args.batch, args.dtype,
                                 sharding=args.sharding, device=args.device, clip=args.clip,
                                 lr_schedule=args.lr_schedule, steps=args.steps,
-                                pp_config=pp_config, layers=args.layers)
+                                pp_config=pp_config, layers=args.layers, dropout=args.dropout)
     model, opt, amp = amp_setup(args, model, opt)
     sched = opt._learning_rate if args.lr_schedule != "constant" else None
     if args.accumulate < 1 or args.batch % args.accumulate:
@@ -317,10 +323,20 @@ def train(model_name: str, args, mesh: dt.ProcessMesh | None) -> list[float]:
 
 def pipeline_step(model: nn.Layer, opt, args):
     """A step over the dense global batch through the ``--schedule`` pipeline schedule with
-    ``--micro-batches`` micro-batches, then the optimizer update."""
+    ``--micro-batches`` micro-batches, then the optimizer update (with ``--to-static``: a
+    ``DistModel`` of Paddle's pipeline strategy, every chunk's work a captured program)."""
+    v = args.vpp_degree if args.schedule == "VPP" else 1
+    if args.to_static:
+        strategy = dt.Strategy()
+        strategy.pipeline.enable = True
+        strategy.pipeline.schedule_mode = args.schedule
+        strategy.pipeline.accumulate_steps = args.micro_batches
+        strategy.pipeline.vpp_degree = v
+        return dt.to_static(model, None, lambda out, y: F.cross_entropy(out, y), opt,
+                            strategy=strategy)
     cls = {"FThenB": dt.pipelining.ScheduleFThenB, "1F1B": dt.pipelining.Schedule1F1B,
            "VPP": dt.pipelining.ScheduleVPP}[args.schedule]
-    kw = {"vpp_degree": args.vpp_degree} if args.schedule == "VPP" else {}
+    kw = {"vpp_degree": v} if args.schedule == "VPP" else {}
     sched = cls(model, n_microbatches=args.micro_batches,
                 loss_fn=lambda out, y: F.cross_entropy(out, y), **kw)
 
@@ -390,13 +406,13 @@ def main(argv=None) -> dict:
     p.add_argument("--vpp-degree", type=int, default=2, help="with --schedule VPP: chunks "
                    "per stage")
     p.add_argument("--layers", type=int, default=None, help="GPT blocks (default: 2)")
+    p.add_argument("--dropout", type=float, default=0.0, help="GPT dropout probability")
     args = p.parse_args(argv)
     dt.init_parallel_env()
     world = dt.get_world_size()
-    if args.pp > 1 and (args.model != "gpt" or args.dense or args.to_static or args.amp
-                        or args.sharding):
-        raise SystemExit("train.py: --pp needs --model gpt, a mesh, eager steps, no --amp and "
-                         "no --sharding")
+    if args.pp > 1 and (args.model != "gpt" or args.dense or args.amp or args.sharding):
+        raise SystemExit("train.py: --pp needs --model gpt, a mesh, no --amp and no "
+                         "--sharding")
     mesh = None if args.dense else \
         pipeline_mesh(world, args.pp, args.mesh) if args.pp > 1 else default_mesh(world, args.mesh)
     models = ["mlp", "gpt"] if args.model == "both" else [args.model]

@@ -401,6 +401,8 @@ class DistModel:
                        "predict": StaticFunction(self._predict_step, "predict_step")}
         self._mode = "train" if loss is not None and optimizer is not None else \
             ("eval" if loss is not None else "predict")
+        from ..pipelining.captured import captured_pipeline  # (pipelining imports jit)
+        self._pipeline = captured_pipeline(layer, loss, optimizer, strategy)
 
     def train(self) -> "DistModel":
         if self.loss is None or self.optimizer is None:
@@ -478,4 +480,6 @@ class DistModel:
             return self._steps["predict"](inputs)
         if labels is None:
             raise ValueError(f"DistModel ({self._mode} mode): labels are required")
+        if self._mode == "train" and self._pipeline is not None:
+            return self._pipeline(inputs, labels)
         return self._steps[self._mode](inputs, labels)

@@ -365,8 +365,9 @@ def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
         if instr.kwargs is not None:
             return partial(op.kernel, xp, **instr.kwargs), op.accepts_out and not instr.writes
         return partial(instr.fn, xp), instr.accepts_out
-    if instr.kind == "empty":
-        return partial(instr.fn, xp), False
+    if instr.kind == "empty":  # (it returns a tuple of empty pieces)
+        fn = partial(instr.fn, xp)
+        return (_only(fn) if len(instr.outs) == 1 else fn), False
     return instr.fn, instr.accepts_out
 
 

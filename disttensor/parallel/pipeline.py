@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -241,15 +241,17 @@ class StageOutput(Exception):
         self.output = output
 
 
-_ACTIVE: list = []  # (info, chunk, received input) while a schedule runs one chunk
+_ACTIVE: list = []  # (info, chunk, received input, on_start) while a schedule runs one chunk
 
 
 @contextmanager
-def run_chunk(info: PipelineInfo, chunk: int, received: Tensor | None) -> Iterator[None]:
+def run_chunk(info: PipelineInfo, chunk: int, received: Tensor | None,
+              on_start: Callable[[], None] | None = None) -> Iterator[None]:
     """Within this block, a call of the model runs only list chunk ``chunk`` (its input
-    ``received``; earlier chunks pass their input through) and a chunk before the last raises
-    :class:`StageOutput` with its output."""
-    _ACTIVE.append((info, chunk, received))
+    ``received``; earlier chunks pass their input through; ``on_start()`` is called as its
+    first layer starts) and a chunk before the last raises :class:`StageOutput` with its
+    output."""
+    _ACTIVE.append((info, chunk, received, on_start))
     try:
         yield
     finally:
@@ -268,6 +270,8 @@ def _chunk_forward(info: PipelineInfo, k: int, first: bool, last: bool, forward)
         active = _ACTIVE[-1] if _ACTIVE and _ACTIVE[-1][0] is info else None
         if active is not None and active[1] > k:
             return x  # an earlier chunk: another step of the schedule ran it
+        if first and active is not None and active[3] is not None:
+            active[3]()
         if first and active is not None and k > 0:
             x = active[2]
         elif first and isinstance(x, Tensor) and x.is_dist() and x._value.mesh != mesh:

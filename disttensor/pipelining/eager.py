@@ -5,12 +5,15 @@ A stage's forward of micro-batch i starts from the activation received from the 
 (a detached leaf that wants a gradient) and its backward from its output with the gradient
 received from the next stage (:func:`disttensor.autograd.backward`); the input's gradient then
 goes back. The last chunk computes ``loss_fn(output, y_i) / m``, so the parameters' gradients
-are those of the mean loss over the micro-batches, as one un-pipelined step over the whole
-batch. Parameter gradients accumulate into ``.grad`` over the micro-batches (data-parallel sync
-per micro-batch backward); ``opt.step()`` follows as usual.
+are those of the mean loss over the micro-batches, as the un-pipelined run over the same
+micro-batches. Parameter gradients accumulate into ``.grad`` over the micro-batches; their
+data-parallel sync runs once per step and chunk, in the chunk's last backward on the stage
+(the earlier ones run inside :func:`disttensor.no_sync`). Random ops draw the seeds the
+un-pipelined run draws (:mod:`.draws`). ``opt.step()`` follows as usual.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable
 
@@ -21,10 +24,12 @@ from spmd_rules import Replicate, Shard
 from ..autograd import backward
 from ..distributed.api import reshard, shard_tensor
 from ..distributed.mesh_groups import get_rank, world
+from ..grad_sync import no_sync
 from ..ops import to_tensor
 from ..parallel.pipeline import StageOutput, pipeline_info, run_chunk
 from ..tensor import Tensor
-from .schedules import Action, schedule_actions
+from .draws import StepDraws
+from .schedules import Action, first_forwards_first, schedule_actions
 from .transfer import TAG_BASE, recv_tensor, send_tensor
 
 __all__ = ["PipelineSchedule", "ScheduleFThenB", "Schedule1F1B", "ScheduleVPP"]
@@ -59,6 +64,8 @@ class PipelineSchedule:
                         schedule_actions(self.schedule, info.pp, n_microbatches,
                                          vpp_degree)[self.stage])
         self.timeline: list[tuple[str, float, float]] = []  # last step: (action, start, end)
+        self._per_mb: int | None = None  # random draws per micro-batch forward (N)
+        self._pre: dict[int, int | None] = {}  # chunk -> draws of the layers before the list
 
     # -- micro-batches -------------------------------------------------------------------------
     def _split(self, name: str, t: Any) -> list[Tensor]:
@@ -94,43 +101,84 @@ class PipelineSchedule:
             loss = sched.step(x, y); opt.step(); opt.clear_grad()
         """
         xs, ys = self._split("x", x), self._split("y", y)
-        run = _StepState(self, xs, ys)
+        draws = StepDraws(self._per_mb)
+        run = self._runner(xs, ys, draws)
         self.timeline = run.timeline
+        actions = self.actions
+        if self._per_mb is None:  # learn N: micro-batch 0 through every stage first
+            actions = first_forwards_first(actions)
         try:
-            for a in self.actions:
+            for a in actions:
+                if draws.per_mb is None and not (a.kind == "F" and a.mb == 0):
+                    draws.per_mb = self._share_draws(run)
                 (run.forward if a.kind == "F" else run.backward)(a)
+            if draws.per_mb is None:  # (no action after micro-batch 0's forwards here)
+                draws.per_mb = self._share_draws(run)
         finally:
             for h in run.pending:
                 h.wait()
-        return self._mean_loss(run.losses)
+        return self._finish(run, draws)
 
-    def _mean_loss(self, losses: list[Tensor]) -> Tensor:
-        info, last = self.info, self.info.stage_meshes[-1]
-        value = np.zeros(1, dtype=np.float64)
+    def _runner(self, xs: list, ys: list, draws: StepDraws) -> "_StepState":
+        return _StepState(self, xs, ys, draws)
+
+    def _last_rank(self) -> int:
+        info = self.info
+        return info.mesh.rank_at([info.pp - 1 if d == info.pp_dim else 0
+                                  for d in range(info.mesh.ndim)])
+
+    def _share_draws(self, run: "_StepState") -> int:
+        """N, the random draws of one micro-batch's forward, from the last stage (its forward
+        of micro-batch 0 has run) to every rank."""
+        n = np.array([max(run.draw_counts, default=0)], dtype=np.int64)
+        self._per_mb = int(world().broadcast(n, src=self._last_rank())[0])
+        return self._per_mb
+
+    def _finish(self, run: "_StepState", draws: StepDraws) -> Tensor:
+        """The mean loss on every rank (broadcast from the last stage with the draws counted
+        there); the generator put where the un-pipelined step leaves it."""
+        value = np.zeros(2, dtype=np.float64)
+        losses = run.losses
         if losses:
             total = losses[0]
             for t in losses[1:]:
                 total = total + t
+            last = self.info.stage_meshes[-1]
             full = reshard(total, last, [Replicate()] * last.ndim)
             value[0] = float(np.asarray(full._value.local.array).reshape(-1)[0])
-        src = info.mesh.rank_at([info.pp - 1 if d == info.pp_dim else 0
-                                 for d in range(info.mesh.ndim)])
-        value = world().broadcast(value, src=src)
+            counts = set(run.draw_counts)
+            value[1] = counts.pop() if len(counts) == 1 else -1
+        value = world().broadcast(value, src=self._last_rank())
+        per_mb = int(value[1])
+        draws.finish(self.n_microbatches * max(per_mb, 0))
+        if per_mb != draws.per_mb:
+            self._per_mb = None
+            raise RuntimeError(
+                f"{type(self).__name__}.step: the model's forward drew {per_mb} random seeds per "
+                f"micro-batch (-1: a different number per micro-batch) where the schedule "
+                f"planned {draws.per_mb}: this step's random masks differ from the un-pipelined "
+                "run's (the next step counts again)")
         dtype = losses[0].dtype if losses else "float32"
         return to_tensor(value[0] / self.n_microbatches, dtype=dtype)
 
 
 class _StepState:
     """What one step keeps between actions: stage inputs/outputs per (micro-batch, chunk),
-    the losses and the pending sends."""
+    the losses, the random draws per micro-batch counted on the last stage and the pending
+    sends. :meth:`forward` and :meth:`backward` run one action eagerly."""
 
-    def __init__(self, sched: PipelineSchedule, xs: list, ys: list):
-        self.s, self.info, self.xs, self.ys = sched, sched.info, xs, ys
+    def __init__(self, sched: PipelineSchedule, xs: list, ys: list, draws: StepDraws):
+        self.s, self.info, self.xs, self.ys, self.draws = sched, sched.info, xs, ys, draws
         self.inputs: dict = {}
         self.outputs: dict = {}
         self.losses: list[Tensor] = []
+        self.draw_counts: list[int] = []
         self.pending: list = []
         self.timeline: list[tuple[str, float, float]] = []
+        self.last_backward = {}  # chunk -> micro-batch of its last backward on this stage
+        for a in sched.actions:
+            if a.kind == "B":
+                self.last_backward[a.chunk] = a.mb
 
     def _done(self, a: Action, start: float) -> None:
         self.timeline.append((a.label(self.s.vpp_degree), start, time.perf_counter()))
@@ -144,41 +192,61 @@ class _StepState:
     def _peer(self, k: int) -> int:
         return self.info.peer(get_rank(), k % self.info.pp)
 
+    def _receive(self, k: int, mb: int, backward: bool) -> tuple[Tensor, int]:
+        src = self._peer(k + 1 if backward else k - 1)
+        return recv_tensor(self.info.stage_meshes[self.s.stage], src,
+                           self._tag(k, mb, backward))
+
+    def _is_last(self, k: int) -> bool:
+        return k == len(self.info.chunks) - 1
+
+    def _sync_context(self, a: Action):
+        """No data-parallel gradient sync except in the chunk's last backward on the stage."""
+        if self.last_backward[a.chunk] == a.mb:
+            return contextlib.nullcontext()
+        return no_sync(self.s.model)
+
     def forward(self, a: Action) -> None:
-        info, k = self.info, self._virtual(a)
-        received = None
-        if k > 0:
-            received = recv_tensor(info.stage_meshes[self.s.stage], self._peer(k - 1),
-                                   self._tag(k, a.mb, False))
+        k = self._virtual(a)
+        received, base = self._receive(k, a.mb, False) if k > 0 else (None, None)
+        if received is not None:
             self.inputs[a.mb, a.chunk] = received
         start = time.perf_counter()
-        with run_chunk(info, k, received):
-            try:
-                out = self.s.model(self.xs[a.mb])
-            except StageOutput as done:
-                out = done.output
-        if k == len(info.chunks) - 1:
-            loss = self.s.loss_fn(out, self.s._label_on_last(self.ys[a.mb]))
+        with self.draws.chunk(a.mb, None, base) as cd, \
+                run_chunk(self.info, k, received, cd.start):
+            out = chunk_output(self.s.model, self.xs[a.mb])
+            if self._is_last(k):
+                loss = self.s.loss_fn(out, self.s._label_on_last(self.ys[a.mb]))
+        self.s._pre[k] = cd.pre
+        if self._is_last(k):
             self.losses.append(loss.detach())
+            self.draw_counts.append(cd.position())
             out = loss * (1.0 / self.s.n_microbatches)
         else:
-            self.pending += send_tensor(out, self._peer(k + 1), self._tag(k + 1, a.mb, False))
+            self.pending += send_tensor(out, self._peer(k + 1), self._tag(k + 1, a.mb, False),
+                                        note=cd.position())
         self.outputs[a.mb, a.chunk] = out
         self._done(a, start)
 
     def backward(self, a: Action) -> None:
-        info, k = self.info, self._virtual(a)
+        k = self._virtual(a)
         out = self.outputs.pop((a.mb, a.chunk))
-        grad = None
-        if k < len(info.chunks) - 1:
-            grad = recv_tensor(info.stage_meshes[self.s.stage], self._peer(k + 1),
-                               self._tag(k, a.mb, True))
+        grad = None if self._is_last(k) else self._receive(k, a.mb, True)[0]
         start = time.perf_counter()
-        backward([out], [grad])
+        with self._sync_context(a):
+            backward([out], [grad])
         if k > 0:
             inp = self.inputs.pop((a.mb, a.chunk))
             self.pending += send_tensor(inp.grad, self._peer(k - 1), self._tag(k - 1, a.mb, True))
         self._done(a, start)
+
+
+def chunk_output(model: Any, tokens: Tensor) -> Tensor:
+    """The output of the chunk :func:`run_chunk` selected, from a call of ``model``."""
+    try:
+        return model(tokens)
+    except StageOutput as done:
+        return done.output
 
 
 class ScheduleFThenB(PipelineSchedule):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = ["Action", "SCHEDULES", "schedule_actions", "simulate", "schedule_table",
-           "bubble_fraction", "theoretical_bubble"]
+           "bubble_fraction", "theoretical_bubble", "first_forwards_first"]
 
 SCHEDULES = ("FThenB", "1F1B", "VPP")
 
@@ -88,6 +88,15 @@ def schedule_actions(schedule: str, pp: int, m: int, vpp_degree: int = 1) -> lis
         return [_vpp(pp, m, s, vpp_degree) for s in range(pp)]
     build = _fthenb if schedule == "FThenB" else _one_f_one_b
     return [build(pp, m, s) for s in range(pp)]
+
+
+def first_forwards_first(actions: list[Action]) -> list[Action]:
+    """One stage's ``actions`` with the forwards of micro-batch 0 moved to the front (chunk
+    order), the rest in their order: a step that must see micro-batch 0 through every stage
+    before the others start (the dependencies of those forwards are at the other stages'
+    fronts too, so the reordered lists cannot deadlock)."""
+    first = sorted((a for a in actions if a.kind == "F" and a.mb == 0), key=lambda a: a.chunk)
+    return first + [a for a in actions if not (a.kind == "F" and a.mb == 0)]
 
 
 def _deps(a: Action, s: int, pp: int, v: int) -> list[tuple[int, Action]]:

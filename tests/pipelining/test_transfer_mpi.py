@@ -48,9 +48,11 @@ def test_stage_hand_over_keeps_layout_and_pieces():
         else:
             t = dt.reshard(dt.shard_tensor(value, first, [dt.Replicate()]), first, pl)
         handles = send_tensor(t, mesh.rank_at([len(grid) - 1, first.get_coord(me)[0]]),
-                              TAG_BASE + k) if first.contains(me) else []
+                              TAG_BASE + k, note=10 + k) if first.contains(me) else []
         if last.contains(me):
-            got = recv_tensor(last, mesh.rank_at([0, last.get_coord(me)[0]]), TAG_BASE + k)
+            got, note = recv_tensor(last, mesh.rank_at([0, last.get_coord(me)[0]]),
+                                    TAG_BASE + k)
+            assert note == 10 + k
             assert got.placements == pl and got.shape == [4, 6] and not got.stop_gradient
             full = dt.reshard(got, last, [dt.Replicate()])._value.local.array
             np.testing.assert_allclose(full, value, rtol=1e-6)
