@@ -122,18 +122,18 @@ class _Policy:
                      for i, (t, f) in enumerate(zip(inputs, floats)))
 
 
-_ROUND_ONCE = [True]
+_ROUND_ONCE = [False]
 
 
 def set_round_after_reduction(enable: bool) -> bool:
     """Whether a white op on a mesh rounds its Partial sums once, after the float32 reduction
-    (True, the default: the dense run's values) or on each rank before it (False: no float32
-    saved inputs, weight gradients synced in the overlapped buckets; faster). Returns the
-    previous setting.
+    (True: the dense run's values, at about twice the step time on a mesh) or on each rank
+    before it (False, the default, as PyTorch's DDP with autocast: no float32 saved inputs,
+    weight gradients synced in the overlapped buckets). Returns the previous setting.
 
     Example::
 
-        dt.amp.set_round_after_reduction(False)   # per-rank rounding, as DDP with autocast
+        dt.amp.set_round_after_reduction(True)   # a mesh run rounds where the dense run does
     """
     prev, _ROUND_ONCE[0] = _ROUND_ONCE[0], bool(enable)
     return prev

@@ -1,6 +1,7 @@
-"""O1 bfloat16 on a mesh rounds each value where the dense run does: a white op's Partial
-result (row-parallel matmul, the data-parallel pieces of a weight gradient) is reduced in
-float32 and rounded once. Run at 1-4 ranks."""
+"""O1 bfloat16 on a mesh with ``set_round_after_reduction(True)`` rounds each value where the
+dense run does: a white op's Partial result (row-parallel matmul, the data-parallel pieces of a
+weight gradient) is reduced in float32 and rounded once; by default each rank rounds its
+partial products (as DDP with autocast). Run at 1-4 ranks."""
 from __future__ import annotations
 
 import os
@@ -59,7 +60,14 @@ def _two_layers(mesh, steps=3):
     return losses, w1.numpy(), w2.numpy(), (xa, w1a, w2a, ca)
 
 
-def test_partial_products_are_rounded_once_after_the_sum():
+@pytest.fixture
+def round_once():
+    prev = dt.amp.set_round_after_reduction(True)
+    yield
+    dt.amp.set_round_after_reduction(prev)
+
+
+def test_partial_products_are_rounded_once_after_the_sum(round_once):
     mesh, dense = _two_layers(dp_mp()), _two_layers(None)
     assert mesh[0] == dense[0]                                    # bitwise, every step
     np.testing.assert_array_equal(mesh[1], dense[1])
@@ -76,14 +84,10 @@ def test_partial_products_are_rounded_once_after_the_sum():
                                   _two_layers(None, steps=1)[1])
 
 
-def test_per_rank_rounding_when_switched_off():
-    """``set_round_after_reduction(False)``: each rank rounds its partial products (the mesh
-    run then differs from the dense one wherever a mesh dim splits a contraction)."""
-    prev = dt.amp.set_round_after_reduction(False)
-    try:
-        mesh = _two_layers(dp_mp())
-    finally:
-        assert dt.amp.set_round_after_reduction(prev) is False
+def test_per_rank_rounding_by_default():
+    """By default each rank rounds its partial products (the mesh run then differs from the
+    dense one wherever a mesh dim splits a contraction)."""
+    mesh = _two_layers(dp_mp())
     dense = _two_layers(None)
     if collectives.init().size > 1:
         assert mesh[0] != dense[0]
@@ -91,7 +95,7 @@ def test_per_rank_rounding_when_switched_off():
         assert mesh[0] == dense[0]
 
 
-def test_gpt_o1_mesh_tracks_dense():
+def test_gpt_o1_mesh_tracks_dense(round_once):
     """train.py's GPT under O1 bfloat16, 5 AdamW steps: the first step's loss agrees to float32
     order; later steps to 2e-4 (a float32 sum taken in another order that lands on the other
     side of a bfloat16 rounding boundary moves that value by 2**-8, which the next updates
@@ -103,7 +107,7 @@ def test_gpt_o1_mesh_tracks_dense():
     np.testing.assert_allclose(mesh, dense, rtol=2e-4)
 
 
-def test_no_sync_keeps_per_rank_partial_gradients():
+def test_no_sync_keeps_per_rank_partial_gradients(round_once):
     """Inside no_sync the weight gradient of a white op stays a per-rank Partial (rounded on
     each rank, no communication), and the accumulated gradient equals the sum of the
     micro-batches' rounded pieces."""
