@@ -11,10 +11,13 @@ the values (patched in the op modules for this measurement only; the library has
 turn the checks off). Checked and unchecked alternate within each round; a sample is the slowest
 rank's barrier-aligned time per call, the final agreement included; the figure is the median
 sample. ``ratio`` = checked / unchecked (1.0: free); ``*_calls_only`` leave the final agreement
-out (what one call costs while the agreement waits for a collective the program makes anyway);
-``final_agreement_us`` is that agreement after the eager calls (a captured step agrees inside
-each replay, after its forward). Every figure is the slowest rank's, so the agreement includes
-waiting for the last rank to finish its calls. Prints one JSON object on rank 0.
+out (what one call costs while the agreement waits for a collective the program makes anyway;
+``_best``: the ratio of the fastest samples, less moved by other processes' load);
+``*_check_alone_us`` is the best time of one call's check by itself (rank 0; no
+communication); ``final_agreement_us`` is that agreement after the eager calls (a captured step
+agrees inside each replay, after its forward). Every other figure is the slowest rank's, so the
+agreement includes waiting for the last rank to finish its calls. Prints one JSON object on
+rank 0.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import json
 import os
 import sys
 import time
+import timeit
+from typing import Callable
 
 import numpy as np
 
@@ -36,12 +41,28 @@ from disttensor.distributed.agreement import flush_data_checks  # noqa: E402
 _CHECKED_MODULES = ("disttensor.ops.embedding", "disttensor.ops.loss")
 
 
-def set_checks(on: bool) -> None:
-    """Patch the kernels' module-level ``check_index_range`` (restored with ``on=True``)."""
+def set_checks(on: bool | Callable) -> None:
+    """Patch the kernels' module-level ``check_index_range``: the library's (True), one that
+    returns the values unchecked (False), or a given function."""
     from disttensor.ops.common import check_index_range
-    fn = check_index_range if on else (lambda xp, ctx, op, what, values, *a, **k: values)
+    fn = on if callable(on) else (
+        check_index_range if on else (lambda xp, ctx, op, what, values, *a, **k: values))
     for name in _CHECKED_MODULES:
         sys.modules[name].check_index_range = fn
+
+
+def check_alone_us(fn) -> float:
+    """The best time (µs, this rank) of the check that one call of ``fn`` makes, called alone
+    with that call's arguments (every rank runs it equally often: the notes stay in step)."""
+    from disttensor.ops.common import check_index_range
+    seen: list = []
+    set_checks(lambda *a, **k: seen.append((a, k)) or check_index_range(*a, **k))
+    fn()
+    set_checks(True)
+    a, k = seen[0]
+    best = min(timeit.repeat(lambda: check_index_range(*a, **k), number=1000, repeat=9)) / 1000
+    flush_data_checks()
+    return best * 1e6
 
 
 def slowest(value: float) -> float:
@@ -102,12 +123,16 @@ def main() -> None:
             set_checks(True)
             def med(on: bool, i: int) -> float:
                 return float(np.median([s[i] for s in samples[on]]))
+            if mode == "eager":
+                cases[f"{name}_check_alone_us"] = round(check_alone_us(fn), 2)
             cases[f"{name}_{mode}"] = {
                 "checked_us": round(med(True, 0), 2), "unchecked_us": round(med(False, 0), 2),
                 "ratio": round(med(True, 0) / med(False, 0), 3),
                 "checked_calls_only_us": round(med(True, 1), 2),
                 "unchecked_calls_only_us": round(med(False, 1), 2),
                 "ratio_calls_only": round(med(True, 1) / med(False, 1), 3),
+                "ratio_calls_only_best": round(min(s[1] for s in samples[True])
+                                               / min(s[1] for s in samples[False]), 3),
                 "final_agreement_us": round(med(True, 2), 1)}
     if dt.get_rank() == 0:
         print(json.dumps({"ranks": n, "rows": args.rows, "calls": args.calls,

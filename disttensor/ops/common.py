@@ -103,7 +103,8 @@ def normalize_axes(op: str, axis: Any, ndim: int, arg: str = "axis") -> tuple[in
 
 
 _EMPTY = np.iinfo(np.int64).min  # the extremes of a piece with no (valid) value
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UNSIGNED = {k: np.dtype(f"u{k}") for k in (1, 2, 4, 8)}
+_max_reduce = np.maximum.reduce  # (numpy's ``ndarray.max`` adds a Python wrapper per call)
 
 
 def _in_range(xp, v, n: int) -> bool:
@@ -115,7 +116,7 @@ def _in_range(xp, v, n: int) -> bool:
         return False
     if v.dtype.kind == "i":
         v = v.view(_UNSIGNED[v.dtype.itemsize])
-    return int(v.max()) < n
+    return int(_max_reduce(v, axis=None) if xp is np else v.max()) < n
 
 
 def _agree_now(xp, ctx: KernelCtx, v, input_index: int, ndim: int) -> tuple[int, int]:
