@@ -23,9 +23,10 @@ checks its own piece and notes the verdict; the ranks holding other pieces agree
 verdicts noted since their last agreement in one small all-reduce, run just before the next
 collective this process issues, before a distributed plan writes into a tensor, before
 ``backward`` makes gradients, before a piece leaves (``dtensor_to_local``, ``_local_value``)
-and after each half of a captured step (:func:`flush_data_checks`). Every rank of the group then raises the same ``ValueError``, naming
-the first bad call (in call order) and the value, while a bad rank computes on with the bad
-entries replaced, so nothing waits and no value made from them leaves the runtime.
+and after each half of a captured step (:func:`flush_data_checks`). Every rank of the group
+then raises the same ``ValueError``, naming the first bad call (in call order) and the value,
+while a bad rank computes on with the bad entries replaced, so nothing waits and no value made
+from them leaves the runtime.
 """
 from __future__ import annotations
 
