@@ -218,3 +218,26 @@ def test_captured_step_agrees_once_per_step():
     m = e.max(1, keepdims=True)
     lse = np.log(np.exp(e - m).sum(1)) + m[:, 0]
     np.testing.assert_allclose(out.reshape(-1), lse - e[np.arange(ROWS), IDS % D], rtol=1e-10)
+
+
+def test_before_next_collective_runs_once_and_may_refuse_the_call():
+    """The hook the checks use: run once before the next collective of any group; when it
+    raises, that collective is not made (not counted, the group's call index unchanged)."""
+    world = collectives.init()
+    calls = []
+
+    def refuse():
+        calls.append("refuse")
+        raise ValueError("refused")
+    collectives.before_next_collective(refuse)
+    collectives.before_next_collective(refuse)  # registered once
+    before, index = collectives.collective_counts(), world._call_index
+    with pytest.raises(ValueError, match="refused"):
+        world.all_reduce(np.ones(2), "sum")
+    assert collectives.collective_counts() == before and world._call_index == index
+    np.testing.assert_array_equal(world.all_reduce(np.ones(2), "sum"), np.full(2, world.size))
+    assert calls == ["refuse"]
+    collectives.before_next_collective(refuse)
+    collectives.cancel_before_next_collective(refuse)
+    world.barrier()
+    assert calls == ["refuse"]
