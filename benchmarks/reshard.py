@@ -4,10 +4,12 @@
 
 Float32, a square local piece of each size per rank (the piece, or each Partial addend). Cases on
 a 1-d mesh of every rank: S(0)->R, S(1)->R, P->R, P->S(0), S(0)->S(1); with 4 ranks also the two
-pairwise exchanges of a 2x2 mesh, [S(0),R]->[R,S(0)] and [R,S(0)]->[S(0),R]. Bare baselines:
+pairwise exchanges of a 2x2 mesh, [S(0),R]->[R,S(0)] and [R,S(0)]->[S(0),R], and the gather of a
+2-d sharded matrix on it, [S(0),S(1)]->[R,R]. Bare baselines:
 Allgather for S->R (for S(1) the bare Allgather of the contiguous local buffer, so the layout
 change counts against us), Allreduce for P->R, Reduce_scatter for P->S(0), Alltoall of the
-contiguous buffer for S(0)->S(1), Sendrecv with the transposed rank for the 2x2 cases. Like
+contiguous buffer for S(0)->S(1), Sendrecv with the transposed rank for the 2x2 exchanges, the
+Allgather of the four contiguous pieces (blocks, not the matrix) for the 2-d gather. Like
 ``reshard``, which returns a new tensor, every baseline writes into a freshly allocated output.
 Both read the same buffer (the distributed tensor shares the dense tensor's): a copy of the piece
 in other pages ran up to 25% faster or slower through the same MPI call (16 MB, 2x2 exchange).
@@ -40,7 +42,7 @@ import disttensor as dt  # noqa: E402
 from disttensor import Partial, ProcessMesh, Replicate, Shard  # noqa: E402
 
 CASES_1D = ("S(0)->R", "S(1)->R", "P->R", "P->S(0)", "S(0)->S(1)")
-CASES_2X2 = ("[S(0),R]->[R,S(0)]", "[R,S(0)]->[S(0),R]")
+CASES_2X2 = ("[S(0),R]->[R,S(0)]", "[R,S(0)]->[S(0),R]", "[S(0),S(1)]->[R,R]")
 
 
 def parse_size(s: str) -> int:
@@ -177,6 +179,8 @@ def _case(name, comm, mesh, mesh2, piece, n, rank):
         return ours_of(mesh2, [S(0), R], [R, S(0)], (2 * rows, cols)), sendrecv
     if name == "[R,S(0)]->[S(0),R]":
         return ours_of(mesh2, [R, S(0)], [S(0), R], (2 * rows, cols)), sendrecv
+    if name == "[S(0),S(1)]->[R,R]":
+        return ours_of(mesh2, [S(0), S(1)], [R, R], (2 * rows, 2 * cols)), allgather
     raise ValueError(name)
 
 

@@ -45,7 +45,13 @@ from ._common import (
     reset_collective_counts,
 )
 from . import failure
-from .group import LocalGroup, PendingAllReduce, ProcessGroup
+from .group import (
+    LocalGroup,
+    PendingAllReduce,
+    ProcessGroup,
+    before_next_collective,
+    cancel_before_next_collective,
+)
 
 __all__ = [
     "init",
@@ -61,6 +67,8 @@ __all__ = [
     "reset_collective_counts",
     "REDUCE_OPS",
     "COLLECTIVE_NAMES",
+    "before_next_collective",
+    "cancel_before_next_collective",
 ]
 
 # Environment variables set by MPI process managers (MPICH/Hydra, Open MPI, PMIx, Intel MPI,

@@ -23,6 +23,32 @@ _PREPARABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 _monotonic = time.monotonic
 _getframe = sys._getframe
 
+#: one-shot callbacks run just before the next collective or point-to-point call this process
+#: issues (``before_next_collective``)
+_before_next: list[Callable[[], None]] = []
+
+
+def before_next_collective(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` once, just before the next collective (or send/recv) this process issues
+    on any group, before that call is counted or posted; ``fn`` may issue collectives itself
+    and may raise (the call is then not made). disttensor completes its deferred data checks
+    there."""
+    if fn not in _before_next:
+        _before_next.append(fn)
+
+
+def cancel_before_next_collective(fn: Callable[[], None]) -> None:
+    """Forget ``fn`` registered by :func:`before_next_collective` (no-op if it is not)."""
+    if fn in _before_next:
+        _before_next.remove(fn)
+
+
+def _run_before_next() -> None:
+    fns = _before_next[:]
+    _before_next.clear()
+    for fn in fns:
+        fn()
+
 
 class ProcessGroup:
     """A set of processes that run collectives together.
@@ -57,6 +83,8 @@ class ProcessGroup:
         user's call), waits until every member has posted the same header (``head``, from
         ``_headers.header``) for this call, runs the debug-mode agreement check and counts the
         call (as ``counted``, default ``name``). Returns the call's index on this group."""
+        if _before_next:
+            _run_before_next()
         index = self._call_index
         self._call_index = index + 1
         Watch.now = (self, name, sig, index, _monotonic(), _getframe(depth))
@@ -318,6 +346,8 @@ class ProcessGroup:
     def send(self, x, dst: int, tag: int = 0) -> None:
         """Blocking send of ``x`` to group rank ``dst``."""
         name = "send"
+        if _before_next:
+            _run_before_next()
         x = C.as_array(x, name, "x")
         dst = C.check_peer(dst, self.size, name, "dst")
         C.count(name)
@@ -330,6 +360,8 @@ class ProcessGroup:
         """Receive an array of ``shape``/``dtype`` from group rank ``src``. ``like`` (a cupy
         array) asks for a cupy result; ``out`` is a C-contiguous writable buffer to fill."""
         name = "recv"
+        if _before_next:
+            _run_before_next()
         src = C.check_peer(src, self.size, name, "src")
         shape = tuple(int(d) for d in shape)
         dtype = np.dtype(dtype)
@@ -355,6 +387,8 @@ class ProcessGroup:
         ``tag``. Messages of one (sender, tag) arrive in the order sent. Counted as a ``send``;
         the watchdog watches the handle's ``wait()``, where a rank can block."""
         name = "isend"
+        if _before_next:
+            _run_before_next()
         x = C.as_array(x, name, "x")
         dst = C.check_peer(dst, self.size, name, "dst")
         C.count("send")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from .distributed.agreement import flush_data_checks
 from .grad_sync import LeafGradSync, to_leaf_layout
 from .ops import cast, ones_like
 from .schema import public
@@ -32,6 +33,7 @@ def run_backward(roots: Sequence[Tensor], root_grads: Sequence[Tensor | None],
     Without ``inputs``: accumulate into every reachable leaf's ``.grad`` (resharded to the
     leaf's own layout). With ``inputs``: return d(roots)/d(inputs) and touch no ``.grad``.
     """
+    flush_data_checks()  # pending data checks agree before gradients are made from the data
     _GradMode.backward_depth += 1  # capture files what runs now under "backward"
     sync = LeafGradSync() if inputs is None else None
     try:

@@ -36,6 +36,7 @@ from ..schema import OPS, public, register
 from ..tape import _GradMode, set_grad_enabled
 from ..tensor import Tensor, array_module
 from .agreement import broadcast_from, check_from_local, check_reshard, check_shard_tensor
+from .agreement import flush_data_checks
 from .dist_tensor import (_MESH_IDS, _MESHES, DistTensor, canonical, canonical_mesh,
                           empty_piece)
 from .mesh_groups import check_mesh, coord_of, group_over
@@ -410,6 +411,7 @@ def dtensor_to_local(x: Tensor, mesh: ProcessMesh | None = None,
         attr = _check_placements("dtensor_to_local", mesh, placements, x.ndim, x.shape, v.dtype)
         if mesh != v.mesh or attr != v.dist_attr:
             x = reshard_to(x, mesh, attr)
+    flush_data_checks()  # the piece leaves the runtime: pending data checks agree first
     return _to_local(x)
 
 
@@ -419,6 +421,7 @@ def local_value(x: Tensor) -> Tensor:
     autograd (a dense ``x`` is returned itself)."""
     if not x.is_dist():
         return x
+    flush_data_checks()  # the piece leaves the runtime: pending data checks agree first
     with set_grad_enabled(False):
         return _to_local(x)
 

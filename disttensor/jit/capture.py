@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import dispatch
+from ..distributed.agreement import flush_data_checks
 from ..distributed.dist_tensor import DistTensor
 from ..generator import default_generator
 from ..ops import to_tensor
@@ -328,6 +329,7 @@ def _replay(prog: Program, args: tuple, kwargs: dict) -> Any:
     regs.update((reg, t.grad._local_array()) for reg, t in prog.entry_grads)
     for sub in (fwd, bwd):
         regs.update(zip(sub.out_regs, sub.fn(regs)))
+        flush_data_checks()  # data checks agree before the backward (and update) and the results
     for t, n in prog.version_bumps:
         t._local_dense().holder.version += n
 

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..dispatch import apply
+from ..distributed.agreement import data_check_group, note_data_check
 from ..schema import OPS, KernelCtx
 from ..tensor import Tensor
 
@@ -102,26 +103,64 @@ def normalize_axes(op: str, axis: Any, ndim: int, arg: str = "axis") -> tuple[in
 
 
 _EMPTY = np.iinfo(np.int64).min  # the extremes of a piece with no (valid) value
+_UNSIGNED = {k: np.dtype(f"u{k}") for k in (1, 2, 4, 8)}
+_max_reduce = np.maximum.reduce  # (numpy's ``ndarray.max`` adds a Python wrapper per call)
 
 
-def check_index_range(xp, ctx: KernelCtx, op: str, what: str, values, n: int,
-                      input_index: int, valid=None, note: str = "") -> None:
-    """Raise ValueError ``"<op>: <what> <v> is out of range [0, n)<note>"`` on every rank of the op
-    when a value of ``values`` (this rank's piece of input ``input_index``; only where ``valid``)
-    lies outside [0, n). The piece's extremes are max-reduced as one 2-element int64 all-reduce
-    over the ranks holding other pieces of that input (none when it is not sharded: the ranks
-    holding the same piece find the same value), so all ranks name the same value and a rank
-    that catches the error to skip a batch leaves no other rank waiting."""
-    v = values if valid is None else values[valid]
+def _in_range(xp, v, n: int) -> bool:
+    """Whether every value of the integer array ``v`` lies in [0, n): one unsigned max (a
+    negative value reads as a huge one)."""
+    if not v.size:
+        return True
+    if n <= 0:
+        return False
+    if v.dtype.kind == "i":
+        v = v.view(_UNSIGNED[v.dtype.itemsize])
+    return int(_max_reduce(v, axis=None) if xp is np else v.max()) < n
+
+
+def _agree_now(xp, ctx: KernelCtx, v, input_index: int, ndim: int) -> tuple[int, int]:
+    """The extremes (lo, hi) of ``v`` over every piece of the input: one 2-element int64 max
+    all-reduce of (-min, max) over the ranks holding other pieces (none when not sharded)."""
     if v.size:
         ext = xp.stack([v.min(), v.max()]).astype(np.int64)
         ext[0] = -ext[0]
     else:
         ext = xp.full(2, _EMPTY, dtype=np.int64)
-    ext = ctx.allreduce(ext, "max", input_index, tuple(range(values.ndim)))
-    lo, hi = -int(ext[0]), int(ext[1])
+    ext = ctx.allreduce(ext, "max", input_index, tuple(range(ndim)))
+    return -int(ext[0]), int(ext[1])
+
+
+def check_index_range(xp, ctx: KernelCtx, op: str, what: str, values, n: int,
+                      input_index: int, valid=None, note: str = "", now: bool = False):
+    """Check that every value of ``values`` (this rank's piece of input ``input_index``; only
+    where ``valid``) lies in [0, n); the error is ValueError ``"<op>: <what> <v> is out of range
+    [0, n)<note>"`` on every rank of the op, naming the same value.
+
+    Where the input is not sharded the ranks holding it find the same value and raise at once.
+    Where it is, the verdict is noted (:func:`~disttensor.distributed.agreement.note_data_check`)
+    and agreed on at the next collective (or write, ``backward``, step end): every rank raises
+    there, and until then this rank computes on ``values`` with its bad entries replaced by 0,
+    which this function returns (``values`` itself when they pass). ``now`` agrees at once,
+    with a blocking all-reduce: for kernels that write into an existing tensor."""
+    v = values if valid is None else xp.where(valid, values, 0)
+    ok = _in_range(xp, v, n)
+    group = data_check_group(ctx, input_index)
+    if group is not None and not now and n > 0:
+        if ok:
+            note_data_check(group, None)
+            return values
+        v = values if valid is None else values[valid]
+        note_data_check(group, (f"{op}: {what}", int(v.min()), int(v.max()), n, note))
+        bad = (values < 0) | (values >= n)
+        return xp.where(bad if valid is None else bad & valid, 0, values)
+    if ok and group is None:
+        return values
+    lo, hi = _agree_now(xp, ctx, values if valid is None else values[valid], input_index,
+                        values.ndim)
     if lo < 0 or hi >= n:
         raise ValueError(f"{op}: {what} {lo if lo < 0 else hi} is out of range [0, {n}){note}")
+    return values
 
 
 def grad_op_backward(grad_op: str) -> Callable:

@@ -16,7 +16,7 @@ from .common import as_tensor, check_index_range
 
 def _embedding_kernel(xp, ids, weight, padding_idx, ctx):
     vocab = ctx.global_shape(1, weight.shape)[0]
-    check_index_range(xp, ctx, "embedding", "id", ids, vocab, 0)
+    ids = check_index_range(xp, ctx, "embedding", "id", ids, vocab, 0)
     local = ids - ctx.offset(1, 0)
     mask = (local >= 0) & (local < weight.shape[0])
     if padding_idx is not None:

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..dispatch import apply
+from ..distributed.agreement import flush_data_checks
 from ..schema import OPS, fixed_dtype, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, check_index_range, normalize_axis
@@ -14,7 +15,7 @@ from .embedding import scatter_add
 
 
 def _gather_kernel(xp, x, index, axis, ctx):
-    check_index_range(xp, ctx, "gather", "index value", index, x.shape[axis], 1)
+    index = check_index_range(xp, ctx, "gather", "index value", index, x.shape[axis], 1)
     return xp.take(x, index, axis=axis)
 
 
@@ -39,7 +40,7 @@ register("gather", _gather_kernel, backward=_gather_bwd, rule="gather", save_inp
 
 
 def _one_hot_kernel(xp, x, num_classes, ctx):
-    check_index_range(xp, ctx, "one_hot", "x value", x, num_classes, 0)
+    x = check_index_range(xp, ctx, "one_hot", "x value", x, num_classes, 0)
     return (x[..., None] == xp.arange(num_classes)).astype(np.float32)
 
 
@@ -74,7 +75,10 @@ def index_select(x: Tensor, index: Any, axis: int = 0, name: str | None = None) 
     index_select and the shapes (on every rank: the check is gather's)."""
     x, index = as_tensor(x), _index("index_select", index)
     try:
-        return gather(x, index, axis)
+        out = gather(x, index, axis)
+        if index.is_dist():  # agreed here, so that the error names index_select
+            flush_data_checks()
+        return out
     except ValueError as e:
         if not str(e).startswith("gather: index value"):
             raise

@@ -73,16 +73,17 @@ def _ce_rows(xp, logits, label, axis, ignore_index, ctx):
 _ce_rows = fast.cross_entropy_rows(_ce_rows)
 
 
-def _check_labels(xp, ctx, logits, label, axis, ignore_index) -> None:
-    check_index_range(xp, ctx, "cross_entropy", "label value", label,
-                      ctx.global_shape(0, logits.shape)[axis], 1, label != ignore_index,
-                      f" (ignore_index={ignore_index})")
+def _check_labels(xp, ctx, logits, label, axis, ignore_index, now: bool = False):
+    """The labels, checked by ``check_index_range`` (``now``: agreed at once)."""
+    return check_index_range(xp, ctx, "cross_entropy", "label value", label,
+                             ctx.global_shape(0, logits.shape)[axis], 1, label != ignore_index,
+                             f" (ignore_index={ignore_index})", now=now)
 
 
 def _ce_kernel(xp, logits, label, axis, ignore_index, ctx):
     """(softmax, loss) with loss shaped like logits with the class axis reduced to 1; rows whose
     label is ``ignore_index`` get loss 0."""
-    _check_labels(xp, ctx, logits, label, axis, ignore_index)
+    label = _check_labels(xp, ctx, logits, label, axis, ignore_index)
     e, loss, _ = _ce_rows(xp, logits, label, axis, ignore_index, ctx)
     return e, loss
 
@@ -98,7 +99,7 @@ def _ce_mean_kernel(xp, logits, label, axis, ignore_index, ctx):
     stats = ctx.allreduce(stats, "sum", 0, batch)
     total, count, bad = (float(v) for v in stats)
     if bad:
-        _check_labels(xp, ctx, logits, label, axis, ignore_index)
+        _check_labels(xp, ctx, logits, label, axis, ignore_index, now=True)
     return e, xp.asarray(total / max(count, 1.0), logits.dtype), xp.asarray(count, logits.dtype)
 
 
@@ -304,8 +305,8 @@ def cross_entropy(input: Tensor, label: Tensor, weight: Tensor | None = None,
                 w = multiply(reshape_to(gather(weight, reshape(safe, [-1])), keep), valid)
             loss = multiply(loss, w)
             denom = _sum(w)
-        else:
-            denom = maximum(_sum(valid), as_tensor(1.0, x))
+        elif reduction == "mean":  # (only the mean divides: a sharded batch's count is a
+            denom = maximum(_sum(valid), as_tensor(1.0, x))  # collective)
     elif weight is not None:
         w = _sum(multiply(label, _class_vector(weight, x.ndim, axis)), axis=axis, keepdim=True)
         loss = multiply(loss, w)

@@ -44,8 +44,8 @@ def _rotate(xp, a, neox: bool):
 def _rope_kernel(xp, x, sin, cos, position_ids, neox, transpose, ctx):
     """``x * cos + rotate(x) * sin`` (``transpose``: ``x * cos - rotate(x * sin)``)."""
     if position_ids is not None:
-        check_index_range(xp, ctx, "fused_rotary_position_embedding", "position_ids value",
-                          position_ids, sin.shape[1], 3)
+        position_ids = check_index_range(xp, ctx, "fused_rotary_position_embedding",
+                                         "position_ids value", position_ids, sin.shape[1], 3)
         sin, cos = sin[0, position_ids], cos[0, position_ids]  # [b, s, 1, d]
     sin, cos = sin.astype(x.dtype, copy=False), cos.astype(x.dtype, copy=False)
     if transpose:

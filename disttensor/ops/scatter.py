@@ -3,9 +3,9 @@
 serves ``x[..., int_list, ...] = v``).
 
 Index values are checked in the kernel (:func:`~disttensor.ops.common.check_index_range`):
-indices the rule keeps replicated cost no collective; sharded indices (take_along_axis) cost
-one 2-element all-reduce over their mesh dims, as embedding ids do, so every rank raises the
-same error and nothing is written."""
+indices the rule keeps replicated cost no collective; sharded ones are agreed on at the next
+collective, as embedding ids are (scatter, which writes into ``x``, agrees at once), so every
+rank raises the same error and nothing is written."""
 from __future__ import annotations
 
 from typing import Any
@@ -41,8 +41,8 @@ def _shapes(ctx, x, index, axis: int, names=("arr", "indices")) -> str:
 
 
 def _take_kernel(xp, x, index, axis, ctx):
-    check_index_range(xp, ctx, "take_along_axis", "index value", index, x.shape[axis], 1,
-                      note=_shapes(ctx, x, index, axis))
+    index = check_index_range(xp, ctx, "take_along_axis", "index value", index, x.shape[axis],
+                              1, note=_shapes(ctx, x, index, axis))
     return x[_along(xp, index, axis)]
 
 
@@ -80,8 +80,8 @@ register("take_along_axis", _take_kernel, backward=_take_bwd, rule="take_along_a
 
 
 def _put_kernel(xp, x, index, values, axis, reduce, ctx):
-    check_index_range(xp, ctx, "put_along_axis", "index value", index, x.shape[axis], 1,
-                      note=_shapes(ctx, x, index, axis))
+    index = check_index_range(xp, ctx, "put_along_axis", "index value", index, x.shape[axis],
+                              1, note=_shapes(ctx, x, index, axis))
     out = x.copy()
     where = _along(xp, index, axis)
     if reduce == "assign":
@@ -181,7 +181,7 @@ def _scatter_kernel(xp, x, ids, value, index, axis, overwrite, ctx=DENSE_CTX, ou
     """x with the slices of ``x[index]`` at ``ids`` along ``axis`` replaced by value's slices
     (``overwrite``), or zeroed and then summed from them."""
     check_index_range(xp, ctx, "scatter", "index value", ids, x[index].shape[axis], 1,
-                      note=_shapes(ctx, x, ids, axis, ("x", "index")))
+                      note=_shapes(ctx, x, ids, axis, ("x", "index")), now=True)
     if out is None:
         out = x.copy()
     elif out is not x:

@@ -29,6 +29,7 @@ from disttensor import Partial, Replicate, Shard
 from disttensor.distributed.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.dispatch import apply, apply_inplace
+from disttensor.distributed.agreement import pending_data_checks
 
 from numpy_reference import REFERENCES
 from oracle_util import (_rng, fmt_placements, grad_indices, make_inputs, op_cases,
@@ -241,14 +242,15 @@ def test_embedding_vocab_parallel_gives_partial_without_gather():
             ids_pl[0] = Shard(0)
         wt = dt.shard_tensor(w, mesh, w_pl, stop_gradient=False)
         it = dt.shard_tensor(ids, mesh, ids_pl)
-        # batch-sharded ids: the id check's 2-element all-reduce over the ids' mesh dim (so a
-        # bad id raises on every rank, tests/faults/test_data_checks.py), nothing else
+        # batch-sharded ids: no collective; the id check's verdict waits for the next one (so
+        # a bad id raises on every rank, tests/faults/test_data_checks.py)
         checks = int(member and mesh.ndim > 1 and mesh.shape[0] > 1)
         before = collectives.collective_counts()
         out = apply(op, (it, wt), {"padding_idx": None})
         assert _moved(before, ("all_gather", "all_to_all", "all_reduce")) == \
-            {"all_gather": 0, "all_to_all": 0, "all_reduce": checks}, \
+            {"all_gather": 0, "all_to_all": 0, "all_reduce": 0}, \
             "embedding forward communicated"
+        assert pending_data_checks() == checks
         want_pl = [Shard(0) if isinstance(p, Shard) else Replicate() for p in ids_pl]
         want_pl[last] = Partial()
         assert list(out.placements) == want_pl, out.placements
@@ -258,14 +260,15 @@ def test_embedding_vocab_parallel_gives_partial_without_gather():
             np.testing.assert_allclose(out.numpy(), want, rtol=1e-12)
             np.testing.assert_allclose(wt.grad.numpy(), want_gw, rtol=1e-12)
         # batch-sharded ids with a replicated weight: a batch-sharded output, no communication
-        # but the id check's
+        # (the id check's verdict waits for the next collective)
         it = dt.shard_tensor(ids, mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1))
         wt = dt.shard_tensor(w, mesh, [Replicate()] * mesh.ndim)
         before = collectives.collective_counts()
         with dt.no_grad():
             out = apply(op, (it, wt), {"padding_idx": None})
         assert _moved(before, ("all_gather", "all_to_all", "all_reduce")) == \
-            {"all_gather": 0, "all_to_all": 0, "all_reduce": int(member and mesh.shape[0] > 1)}
+            {"all_gather": 0, "all_to_all": 0, "all_reduce": 0}
+        assert pending_data_checks() == int(member and mesh.shape[0] > 1)
         assert list(out.placements) == list(it.placements)
         if member:
             np.testing.assert_allclose(out.numpy(), want, rtol=1e-12)
