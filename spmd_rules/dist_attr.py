@@ -330,5 +330,10 @@ def local_shape(global_shape: Sequence[int], dist_attr: DistAttr,
 
 def local_offset(global_shape: Sequence[int], dist_attr: DistAttr,
                  coord: Sequence[int]) -> tuple[int, ...]:
-    """Global index of the local piece's first element, per dim (a contiguous piece only)."""
+    """Global index of the local piece's first element, per dim (no strided dim: a kernel
+    reading its global position cannot take a strided piece, even one that is contiguous at
+    this coordinate)."""
+    if dist_attr.split_factors:
+        raise ValueError(f"local_offset: the layout {dist_attr.to_placements()} is strided; "
+                         f"its pieces have no single offset")
     return tuple(s.start for s in local_slices(global_shape, dist_attr, coord))

@@ -31,7 +31,7 @@ from .dist_attr import DistAttr, split_range
 from .redistribute import reshard_cost
 from .reshape import Flatten, InputDim, Split, make_reshape_dim_trans
 
-__all__ = ["split", "concat", "view"]
+__all__ = ["split", "concat", "view", "labels"]
 
 
 def _sections(size: int, k: int) -> tuple[int, ...]:
@@ -173,3 +173,51 @@ def view(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any], plain: Ru
 
 for _name in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose"):
     register_strided(_name)(view)
+
+
+#: ops of the label rules whose kernels read their global position (dropout's mask, the
+#: diagonal of tril/triu, an empty piece of max/min, argmax's index): the plain rule only
+_POSITIONAL = frozenset({"dropout", "tril", "triu", "max", "min", "argmax", "argmin"})
+
+
+def labels(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any], plain: Rule
+           ) -> SpmdResult:
+    """The front of the rules that give each mesh dim one label (elementwise, matmul, sum,
+    softmax, layer_norm): the plain rule's answer, with each strided mesh dim kept strided
+    wherever it shards a dim of that size (the same label: the same index subsets), when
+    every strided input keeps it where it is and all agree on its factor."""
+    res = plain(metas, attrs)
+    if attrs.get("op") in _POSITIONAL or not any(t is not None and t.dist_attr.split_factors
+                                                 for t in metas):
+        return res
+    strided: dict[int, tuple[int, int]] = {}  # mesh dim -> (factor, size of the dims it splits)
+    for t, req in zip(metas, res.inputs):
+        if t is None:
+            continue
+        for m, k in t.dist_attr.split_factors:
+            d = next(d for d, dm in enumerate(t.dist_attr.dims_mapping) if m in dm)
+            if strided.setdefault(m, (k, t.shape[d])) != (k, t.shape[d]) \
+                    or t.dist_attr.dims_mapping[d] != (m,) or req.dims_mapping[d] != (m,):
+                return res
+
+    def restride(shape, attr: DistAttr) -> DistAttr | None:
+        factors = dict(attr.split_factors)
+        for d, dm in enumerate(attr.dims_mapping):
+            for m in dm:
+                if m in strided:
+                    k, size = strided[m]
+                    if dm != (m,) or shape[d] != size:
+                        return None
+                    factors[m] = k
+        return attr.with_split_factors(factors)
+
+    inputs = [None if t is None else restride(t.shape, req) for t, req in zip(metas, res.inputs)]
+    outputs = [restride(o.shape, o.dist_attr) for o in res.outputs]
+    if any(a is None for t, a in zip(metas, inputs) if t is not None) or None in outputs:
+        return res
+    return SpmdResult(tuple(inputs), tuple(TensorMeta(o.shape, a)
+                                           for o, a in zip(res.outputs, outputs)))
+
+
+for _name in ("elementwise", "matmul", "reduction", "softmax", "layer_norm"):
+    register_strided(_name)(labels)
