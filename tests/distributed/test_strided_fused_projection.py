@@ -123,3 +123,26 @@ def test_gpt2_fused_qkv_split_does_not_reshard():
     xs, ys = lm.token_data(0, 4, 8, 32)
     _, dense_loss = dense(dt.to_tensor(xs), dt.to_tensor(ys))
     np.testing.assert_allclose([loss, plain_loss], float(dense_loss.numpy()), rtol=1e-5)
+
+
+def test_torch_style_colwise_parallel_split_factor():
+    """PyTorch's spelling: ColwiseParallel(split_factor=3) on a tp mesh; the local output is
+    each rank's piece of q, k and v, so a local split gives the local q, k, v pieces."""
+    n = dt.get_world_size()
+    tp = dt.init_device_mesh("cpu", (n,), mesh_dim_names=("tp",))
+    dt.seed(3)
+    layer = nn.Linear(4, 6 * n)
+    W, B = layer.weight.numpy(), layer.bias.numpy()
+    dt.parallelize_module(layer, tp, dt.ColwiseParallel(split_factor=3))
+    assert layer.weight.placements == [Shard(1, split_factor=3)]
+    X = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    x = dt.shard_tensor(X, tp, [Replicate()])  # a DTensor: no piece-shape exchange
+    before = collectives.collective_counts()
+    local = layer(x)
+    assert moved(before) == {} and not local.is_dist()
+    r = dt.get_rank()
+    for got, section in zip(np.split(local.numpy(), 3, axis=1), np.split(X @ W + B, 3, axis=1)):
+        np.testing.assert_allclose(got, np.array_split(section, n, axis=1)[r], rtol=1e-5,
+                                   atol=1e-6)
+    with pytest.raises(ValueError, match="split_factor"):
+        dt.ColwiseParallel(split_factor=0)
