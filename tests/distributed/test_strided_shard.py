@@ -338,3 +338,27 @@ def _check_grads(name, arrays, W, grads):
         want = [np.cumsum(W[::-1], axis=0)[::-1]]
     for g, w in zip(grads, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=f"{name} gradient")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("plan_memory", ["kernels", "all"])
+def test_captured_step_with_strided_reshards(plan_memory):
+    """A captured step whose op gathers a strided input (the all-gather then the local
+    reorder) and whose reshard cuts another factor replays to numpy's values and gradients,
+    with and without every temporary in the arena."""
+    mesh = _meshes()[0]
+    G, W = data((9, 4), 14), data((9, 4), 15)
+    x = dt.shard_tensor(G, mesh, [S(0, split_factor=3)], stop_gradient=False)
+
+    def step(x):
+        z = dt.reshard(dt.cumsum(x, axis=0), mesh, [S(0, split_factor=2)])
+        loss = (z * dt.to_tensor(W)).sum()
+        loss.backward()
+        return loss
+    f = dt.jit.to_static(step, plan_memory=plan_memory)
+    for _ in range(3):
+        x.clear_gradient()
+        loss = f(x)
+        np.testing.assert_allclose(loss.numpy(), (np.cumsum(G, 0) * W).sum(), rtol=1e-12)
+        assert x.grad.placements == [S(0, split_factor=3)]
+        np.testing.assert_allclose(x.grad.numpy(), np.cumsum(W[::-1], 0)[::-1], rtol=1e-12)
