@@ -105,11 +105,13 @@ class GPT(nn.Layer):
         return logits, language_model.lm_loss(logits, targets)
 
 
-# Megatron: c_attn/c_fc column-parallel, both c_proj row-parallel, the tied embedding
+# Megatron: c_attn/c_fc column-parallel (c_attn's q, k, v sections each split over mp, so
+# the split after it needs no reshard), both c_proj row-parallel, the tied embedding
 # vocab-parallel (the head's logits sharded on the vocabulary).
 PLAN = {
     "wte": dt.RowWiseParallel(),
-    r"h\.\d+\.(attn\.c_attn|mlp\.c_fc)": dt.ColWiseParallel(),
+    r"h\.\d+\.attn\.c_attn": dt.ColWiseParallel(split_factor=3),
+    r"h\.\d+\.mlp\.c_fc": dt.ColWiseParallel(),
     r"h\.\d+\.(attn|mlp)\.c_proj": dt.RowWiseParallel(),
 }
 

@@ -34,6 +34,7 @@ from .placement import (LINEAR_REDUCE_TYPES, LOGICAL_REDUCE_TYPES, Partial, Plac
                         Replicate, Shard)
 from .mesh import ProcessMesh
 from .dist_attr import DistAttr, local_offset, local_shape, local_slices, split_range
+from .dist_attr import local_ranges, locate, piece_length, strided_ranges
 from .base import (FALLBACK_RULE, RULES, Rule, SpmdResult, TensorMeta, get_rule, register_rule,
                    rule_coverage)
 from .einsum import broadcast_notations, contracted_partial, layout, linear_partial, merge_shardings
@@ -57,5 +58,7 @@ __all__ = [
     "linear_partial", "DimTrans", "InputDim", "Singleton", "Flatten", "Split", "Broadcast",
     "Repeat", "make_reshape_dim_trans", "infer_dim_trans", "parse_index", "ReshardPlan", "Step",
     "plan_reshard", "plan_same_mesh", "reshard_cost", "channel_axis", "REDUCE_PARTIAL",
+    "local_ranges", "locate", "piece_length", "strided_ranges",
 ]
 from . import attention  # noqa: F401,E402  (registers the attention and rotary rules)
+from . import strided  # noqa: F401,E402  (strided-aware fronts of split, concat and the views)

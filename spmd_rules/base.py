@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import wraps
 from typing import Any
 
 from .dist_attr import DistAttr
 
 __all__ = ["TensorMeta", "SpmdResult", "Rule", "RULES", "register_rule", "get_rule",
-           "rule_coverage", "FALLBACK_RULE"]
+           "rule_coverage", "FALLBACK_RULE", "plain_metas", "register_strided"]
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,51 @@ RULES: dict[str, Rule] = {}
 FALLBACK_RULE = "replicated"
 
 
+#: rule name -> the rule as written (it never sees a strided shard)
+PLAIN_RULES: dict[str, Rule] = {}
+
+
+def plain_metas(metas: Sequence[TensorMeta | None]) -> tuple[TensorMeta | None, ...]:
+    """``metas`` with every strided shard made plain (same mesh dims on the same dims)."""
+    return tuple(m if m is None or not m.dist_attr.split_factors
+                 else TensorMeta(m.shape, m.dist_attr.without_split_factors()) for m in metas)
+
+
+def _plain_only(fn: Rule) -> Rule:
+    """``fn`` seeing strided inputs as plain shards: the layouts it requires are plain, so the
+    runtime reshards a strided input first (never a wrong value)."""
+    @wraps(fn)
+    def rule(metas, attrs):
+        if any(m is not None and m.dist_attr.split_factors for m in metas):
+            metas = plain_metas(metas)
+        return fn(metas, attrs)
+    return rule
+
+
 def register_rule(name: str) -> Callable[[Rule], Rule]:
-    """Decorator registering ``infer_forward`` under ``name``."""
+    """Decorator registering ``infer_forward`` under ``name``. Strided shards reach it as plain
+    ones unless :func:`register_strided` gives the rule a strided-aware front."""
     def deco(fn: Rule) -> Rule:
         if name in RULES:
             raise ValueError(f"register_rule: rule {name!r} is already registered")
-        RULES[name] = fn
+        PLAIN_RULES[name] = fn
+        RULES[name] = _plain_only(fn)
         return fn
+    return deco
+
+
+def register_strided(name: str) -> Callable[[Callable[..., SpmdResult]], Rule]:
+    """Decorator giving the registered rule ``name`` a strided-aware front
+    ``fn(metas, attrs, plain)`` (it answers every call), ``plain`` being the rule that sees
+    strided inputs as plain shards (the front's fallback)."""
+    def deco(fn: Callable[..., SpmdResult]) -> Rule:
+        plain = _plain_only(PLAIN_RULES[name])
+
+        @wraps(PLAIN_RULES[name])
+        def rule(metas, attrs):
+            return fn(metas, attrs, plain)
+        RULES[name] = rule
+        return rule
     return deco
 
 

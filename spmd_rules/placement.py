@@ -57,15 +57,36 @@ class Placement:
 class Shard(Placement):
     """The mesh dim splits tensor dim ``dim`` (numpy.array_split, uneven allowed).
 
-    ``shard_order`` (Paddle's co-shard order) says where this mesh dim's split comes when
-    several mesh dims shard the same tensor dim: 0 splits the whole dim, 1 splits each of those
-    pieces, and so on. Either every Shard of one tensor dim gives it (a permutation of
-    0..k-1) or none does (then mesh dims split in ascending mesh-dim order, the default).
-    ``[Shard(0, shard_order=1), Shard(0, shard_order=0)]`` on a [dp, tp] mesh splits dim 0
-    over tp first and each tp piece over dp (the FSDP-over-TP layout)."""
+    Args:
+        dim (int): the tensor dim to split.
+        shard_order (int, optional): Paddle's co-shard order: where this mesh dim's split comes
+            when several mesh dims shard the same tensor dim: 0 splits the whole dim, 1 splits
+            each of those pieces, and so on. Either every Shard of one tensor dim gives it (a
+            permutation of 0..k-1) or none does (then mesh dims split in ascending mesh-dim
+            order, the default). ``[Shard(0, shard_order=1), Shard(0, shard_order=0)]`` on a
+            [dp, tp] mesh splits dim 0 over tp first and each tp piece over dp (FSDP over TP).
+        split_factor (int, optional): the *strided* shard (PyTorch's ``_StridedShard``): the
+            dim (or the piece an outer mesh dim left) is cut into ``split_factor`` sections by
+            numpy.array_split, each section is split over the mesh dim as ``Shard`` splits a
+            dim, and coordinate r holds the r-th piece of every section, in section order.
+            The layout of a fused projection: a ``[h, 3h]`` QKV weight placed
+            ``Shard(1, split_factor=3)`` gives rank r the r-th column block of each of Q, K
+            and V, so splitting the output in three gives plain ``Shard`` pieces. Default 1
+            (plain).
+
+    Examples:
+        .. code-block:: python
+
+            >>> import disttensor as dt
+            >>> dt.Shard(1, split_factor=3)
+            Shard(dim=1, split_factor=3)
+            >>> dt.Shard(0, split_factor=1) == dt.Shard(0)
+            True
+    """
 
     dim: int
     shard_order: int | None = None
+    split_factor: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int):
@@ -73,18 +94,25 @@ class Shard(Placement):
         o = self.shard_order
         if o is not None and (isinstance(o, bool) or not isinstance(o, int) or o < 0):
             raise ValueError(f"Shard(shard_order): must be None or an int >= 0, got {o!r}")
+        k = self.split_factor
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"Shard(split_factor): must be an int >= 1, got {k!r}")
 
     def is_shard(self, dim: int | None = None) -> bool:
         return dim is None or dim == self.dim
+
+    def is_strided(self) -> bool:
+        """True for a strided shard (``split_factor > 1``)."""
+        return self.split_factor > 1
 
     def get_dim(self) -> int:
         """The tensor dim this placement splits (Paddle's ``Shard.get_dim``)."""
         return self.dim
 
     def __repr__(self) -> str:
-        if self.shard_order is None:
-            return f"Shard(dim={self.dim})"
-        return f"Shard(dim={self.dim}, shard_order={self.shard_order})"
+        extra = "" if self.shard_order is None else f", shard_order={self.shard_order}"
+        extra += "" if self.split_factor == 1 else f", split_factor={self.split_factor}"
+        return f"Shard(dim={self.dim}{extra})"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@ one collective per changed mesh dim:
 3. R→S by a local slice, outermost first (no communication);
 4. R→P locally (the value on coordinate 0, the reduction's identity elsewhere).
 
+Strided shards (``Shard(d, split_factor=k)``) are moved by composition: a strided mesh dim
+the target does not keep as it is leaves by an all-gather followed by a local reorder (step 2,
+never an all-to-all), and one the target adds is cut locally (step 3); a Partial becoming a
+strided shard is all-reduced, then cut. Pairwise exchanges involve plain shards only.
+
 Mesh dims of size 1 never need communication. Across meshes, disjoint meshes of the same shape
 and layout move each piece point to point; otherwise the source gathers to Replicate and each
 target rank receives exactly its piece from one source rank (or copies it, when it is one).
@@ -30,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .dist_attr import DistAttr
+from .dist_attr import DistAttr, split_range
 from .mesh import ProcessMesh
 from .placement import ReduceType
 
@@ -44,7 +49,8 @@ class Step:
     """One step of a plan. ``kind`` is a collective name, ``swap`` (a pairwise exchange that
     renames mesh dims ``mesh_dim`` and ``split_dim``, of one size, in tensor dim ``tensor_dim``'s
     sharding), ``slice``, ``scale_partial``, ``to_partial``, ``shard_to_partial`` or ``send_recv``;
-    ``bytes_per_rank`` is the largest local input it moves."""
+    ``bytes_per_rank`` is the largest local input it moves; ``split_factor`` > 1 marks the
+    all-gather (then a local reorder) or the slice of a strided shard."""
 
     kind: str
     mesh_dim: int | None = None
@@ -54,6 +60,7 @@ class Step:
     bytes_per_rank: int = 0
     before: DistAttr | None = None
     after: DistAttr | None = None
+    split_factor: int = 1
 
     @property
     def is_collective(self) -> bool:
@@ -77,6 +84,7 @@ class Step:
         where = f"mesh dim {self.mesh_dim}" if self.mesh_dim is not None else "across meshes"
         if self.kind == "swap":
             where = f"mesh dims {self.mesh_dim} and {self.split_dim}"
+        strided = f" (split factor {self.split_factor})" if self.split_factor > 1 else ""
         what = {
             "all_reduce": f"all-reduce ({self.reduce_type})",
             "all_gather": f"all-gather tensor dim {self.tensor_dim}",
@@ -90,7 +98,7 @@ class Step:
                                 "(own block in place, identity elsewhere)",
             "send_recv": "point-to-point send/recv of local pieces",
         }[self.kind]
-        return f"{what} on {where}, {self.bytes_per_rank} bytes per rank"
+        return f"{what}{strided} on {where}, {self.bytes_per_rank} bytes per rank"
 
 
 @dataclass(frozen=True)
@@ -125,11 +133,13 @@ class ReshardPlan:
 # -- planning --------------------------------------------------------------------------------------
 
 def _max_piece_numel(shape, attr: DistAttr) -> int:
-    """The largest local piece over all coordinates (nested ceil division)."""
+    """The largest local piece over all coordinates (nested ceil division, per section of a
+    strided shard)."""
     n = 1
     for size, dm in zip(shape, attr.dims_mapping):
         for m in dm:
-            size = -(-size // attr.mesh_shape[m])
+            k, parts = attr.factor_of(m), attr.mesh_shape[m]
+            size = sum(-(-(b - a) // parts) for a, b in (split_range(size, k, s) for s in range(k)))
         n *= size
     return n
 
@@ -138,7 +148,8 @@ def _squeeze_unit_dims(attr: DistAttr) -> DistAttr:
     """Drop mesh dims of size 1 (they never need data movement)."""
     ms = attr.mesh_shape
     return DistAttr(ms, tuple(tuple(m for m in dm if ms[m] > 1) for dm in attr.dims_mapping),
-                    tuple((m, r) for m, r in attr.partial if ms[m] > 1))
+                    tuple((m, r) for m, r in attr.partial if ms[m] > 1),
+                    tuple((m, k) for m, k in attr.split_factors if ms[m] > 1))
 
 
 class _State:
@@ -148,10 +159,15 @@ class _State:
         self.mesh_shape = attr.mesh_shape
         self.dims = [list(dm) for dm in attr.dims_mapping]
         self.partial = dict(attr.partial)
+        self.factors = dict(attr.split_factors)
 
     def freeze(self) -> DistAttr:
         return DistAttr(self.mesh_shape, tuple(tuple(d) for d in self.dims),
-                        tuple(self.partial.items()))
+                        tuple(self.partial.items()), tuple(self.factors.items()))
+
+    def same(self, m: int, dst: DistAttr) -> bool:
+        """Mesh dim ``m`` splits with the same factor here and in ``dst``."""
+        return self.factors.get(m, 1) == dst.factor_of(m)
 
 
 def _target_shard_dim(dst: DistAttr, m: int) -> int | None:
@@ -165,7 +181,8 @@ def _can_cut(state: _State, dst: DistAttr, d: int, m: int) -> bool:
     """True when splitting the current piece along ``d`` over ``m`` gives the target's piece."""
     target = list(dst.dims_mapping[d])
     k = target.index(m)
-    return state.dims[d] == target[:k]
+    return (state.dims[d] == target[:k] and dst.factor_of(m) == 1
+            and all(state.same(t, dst) for t in target[:k]))
 
 
 @lru_cache(maxsize=4096)
@@ -207,6 +224,8 @@ def plan_same_mesh(shape: tuple[int, ...], itemsize: int, src: DistAttr, dst: Di
     for d in range(len(shape)):
         cur, target = st.dims[d], dst_n.dims_mapping[d]
         in_use = {m for dm in st.dims for m in dm} | set(st.partial)
+        if any(st.factors.get(m, 1) > 1 or dst_n.factor_of(m) > 1 for m in (*cur, *target)):
+            continue
         if len(cur) == 1 and target and target[0] != cur[0] and cur[0] not in target \
                 and target[0] not in in_use and st.mesh_shape[cur[0]] == st.mesh_shape[target[0]]:
             before = st.freeze()
@@ -233,14 +252,18 @@ def plan_same_mesh(shape: tuple[int, ...], itemsize: int, src: DistAttr, dst: Di
         for d in range(len(shape)):
             cur, target = st.dims[d], dst_n.dims_mapping[d]
             keep = 0
-            while keep < min(len(cur), len(target)) and cur[keep] == target[keep]:
+            while keep < min(len(cur), len(target)) and cur[keep] == target[keep] \
+                    and st.same(cur[keep], dst_n):
                 keep += 1
             if len(cur) == keep:
                 continue
             before = st.freeze()
             m = cur.pop()
+            factor = st.factors.pop(m, 1)
             d2 = _target_shard_dim(dst_n, m)
-            if d2 is not None and d2 != d and _can_cut(st, dst_n, d2, m):
+            if factor > 1:
+                done("all_gather", before, mesh_dim=m, tensor_dim=d, split_factor=factor)
+            elif d2 is not None and d2 != d and _can_cut(st, dst_n, d2, m):
                 st.dims[d2].append(m)
                 done("all_to_all", before, mesh_dim=m, tensor_dim=d, split_dim=d2)
             elif m in dst_partial:
@@ -256,7 +279,10 @@ def plan_same_mesh(shape: tuple[int, ...], itemsize: int, src: DistAttr, dst: Di
         for m in dst_n.dims_mapping[d][len(st.dims[d]):]:
             before = st.freeze()
             st.dims[d].append(m)
-            done("slice", before, mesh_dim=m, tensor_dim=d)
+            factor = dst_n.factor_of(m)
+            if factor > 1:
+                st.factors[m] = factor
+            done("slice", before, mesh_dim=m, tensor_dim=d, split_factor=factor)
 
     # 4. Replicate -> Partial
     for m, r in sorted(dst_partial.items()):

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, MutableMapping
+from dataclasses import replace
 from functools import lru_cache
 from itertools import product
 from typing import Any, Callable
@@ -31,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 import collectives
-from spmd_rules import DistAttr, Partial, ProcessMesh, Replicate, local_slices
+from spmd_rules import DistAttr, Partial, ProcessMesh, Replicate, local_ranges, local_slices
 
 from ..autograd import no_grad
 from ..distributed.api import dtensor_to_local, reshard
@@ -289,7 +290,9 @@ def save_state_dict(state_dict: Mapping, path: Any, coordinator_rank: int = 0) -
     by the lowest rank holding it; dense tensors and arrays, assumed equal on every rank, by
     ``coordinator_rank``); ``coordinator_rank`` also writes ``metadata.json`` (global shapes,
     dtypes, the index range of every chunk, and the plain values) and commits. A Partial
-    tensor is first resharded to Replicate on its Partial dims. Nothing is gathered to one rank.
+    tensor is first resharded to Replicate on its Partial dims, a strided shard
+    (``Shard(d, split_factor=k)``) to the plain shard of the same mesh dims (chunks are index
+    boxes). Nothing is gathered to one rank.
 
     Atomic: a crash at any moment leaves the previous checkpoint at ``path`` loadable. Bad input
     (a value that is not a Tensor/array/dict/plain value, ranks passing different state dicts, a
@@ -314,9 +317,11 @@ def save_state_dict(state_dict: Mapping, path: Any, coordinator_rank: int = 0) -
     _agree_signature(fn, _signature(entries, with_values=True), "state dict")
     for e in entries:  # Partial pieces are addends: make them values first (collective)
         if e.kind == "tensor" and e.value.is_dist() and \
-                any(isinstance(p, Partial) for p in e.value.placements):
+                any(isinstance(p, Partial) or (p.is_shard() and p.split_factor > 1)
+                    for p in e.value.placements):
             e.value = reshard(e.value, e.value.process_mesh,
-                              [Replicate() if isinstance(p, Partial) else p
+                              [Replicate() if isinstance(p, Partial) else
+                               replace(p, split_factor=1) if p.is_shard() else p
                                for p in e.value.placements])
     final, tmp, old = _paths(path)
     me = get_rank()
@@ -384,15 +389,35 @@ def _check_targets(fn: str, entries: list[_Entry], md: dict, where: str) -> None
                          + "\n  ".join(problems))
 
 
-def _target_region(e: _Entry) -> Region | None:
-    """The global index range this rank's piece of the target covers (None: holds nothing)."""
+def _target_regions(e: _Entry) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+    """Per dim the global index ranges this rank's piece of the target covers, in local order
+    (one, possibly empty, except on a strided dim); None: it holds nothing."""
     lay = e.layout()
     if lay is None:
-        return tuple((0, n) for n in e.shape)
+        return tuple(((0, n),) for n in e.shape)
     coord = lay[0].get_coord(get_rank())
     if coord is None:
         return None
-    return _region_of(local_slices(tuple(e.shape), lay[1], coord))
+    mesh, attr = lay
+    plain = _region_of(local_slices(tuple(e.shape), attr.without_split_factors(), coord))
+    strided = local_ranges(tuple(e.shape), attr, coord)
+    return tuple(strided[d] if attr.is_strided(d) else (plain[d],) for d in range(len(plain)))
+
+
+def _read_piece(fn: str, directory: str, e: _Entry, saved: dict, ranges, headers: dict
+                ) -> np.ndarray:
+    """The target's piece: one block per combination of its dims' ranges, joined in order."""
+    if any(not r for r in ranges):  # a strided dim holding nothing here
+        return np.zeros(0)
+
+    def block(prefix: tuple) -> Any:
+        d = len(prefix)
+        if d == len(ranges):
+            return _read_region(fn, directory, e, saved, prefix, headers)
+        return [block(prefix + (r,)) for r in ranges[d]]
+    if all(len(r) == 1 for r in ranges):
+        return _read_region(fn, directory, e, saved, tuple(r[0] for r in ranges), headers)
+    return np.block(block(()))
 
 
 def _read_region(fn: str, directory: str, e: _Entry, saved: dict, region: Region,
@@ -492,10 +517,10 @@ def load_state_dict(state_dict: MutableMapping, path: Any) -> None:
         for e in entries:
             if not e.is_tensor:
                 continue
-            region = _target_region(e)
-            if region is not None:
-                out.append((e, _read_region(fn, directory, e, md["tensors"][e.name], region,
-                                            headers)))
+            ranges = _target_regions(e)
+            if ranges is not None:
+                out.append((e, _read_piece(fn, directory, e, md["tensors"][e.name], ranges,
+                                           headers)))
         return out
 
     blocks = _on_every_rank(fn, read_all)

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from spmd_rules import (LOGICAL_REDUCE_TYPES, DistAttr, Partial, Placement, ProcessMesh,
-                        ReshardPlan, Replicate, Shard, local_slices, plan_reshard)
+                        ReshardPlan, Replicate, Shard, local_shape, plan_reshard)
 
 from collectives._common import CHECK_COLLECTIVES
 
@@ -41,6 +41,7 @@ from .dist_tensor import (_MESH_IDS, _MESHES, DistTensor, canonical, canonical_m
                           empty_piece)
 from .mesh_groups import check_mesh, coord_of, group_over
 from .planner import reshard_instrs
+from .reshard import cut
 
 __all__ = ["shard_tensor", "reshard", "reshard_to", "reshard_plan", "dtensor_from_local",
            "dtensor_to_local", "unshard_dtensor", "numpy", "local_value"]
@@ -219,11 +220,10 @@ register("shard_tensor", None, rule=None, backward=_shard_bwd)
 
 
 def _slicer(shape, attr: DistAttr, coord):
-    """A C-contiguous copy of this rank's slice of the global array (np.array keeps 0-d)."""
-    sl = local_slices(shape, attr, coord)
-
+    """A C-contiguous copy of this rank's slice of the global array (np.array keeps 0-d;
+    a strided shard's piece is its ranges concatenated)."""
     def take(a):
-        return array_module(a).array(a[sl], copy=True, order="C")
+        return array_module(a).array(cut(a, shape, attr, coord), copy=True, order="C")
     return take
 
 
@@ -329,8 +329,7 @@ def _global_shape_from_pieces(metas, attr: DistAttr, shape) -> tuple[int, ...]:
                              if all(c[m] == 0 for m in range(len(c)) if m not in dm)))
     shape = tuple(int(s) for s in shape)
     for c, s, _ in metas:
-        want = tuple(sl.stop - sl.start for sl in local_slices(shape, attr, c)) \
-            if len(shape) == ndim else None
+        want = local_shape(shape, attr, c) if len(shape) == ndim else None
         if want != tuple(s):
             raise ValueError(f"dtensor_from_local: the piece at mesh coordinate {list(c)} has "
                              f"shape {list(s)} but global shape {list(shape)} with placements "

@@ -9,30 +9,70 @@ from typing import Any, Callable
 import numpy as np
 
 import collectives
-from spmd_rules import (DistAttr, ProcessMesh, ReshardPlan, Step, local_shape, local_slices,
-                         split_range)
+from spmd_rules import (DistAttr, ProcessMesh, ReshardPlan, Step, local_ranges, local_shape,
+                         piece_length, split_range, strided_ranges)
 
 from ..tensor import array_module
 from .dist_tensor import empty_piece
 from .mesh_groups import coord_of, get_rank, group_along, world
 
-__all__ = ["PreparedStep", "prepare", "execute"]
+__all__ = ["PreparedStep", "prepare", "execute", "cut"]
+
 
 def _extent(shape, attr: DistAttr, coord, d: int, without: int | None = None) -> int:
     """Local extent of tensor dim ``d`` under ``attr`` (optionally ignoring mesh dim
     ``without``)."""
-    start, stop = 0, shape[d]
+    n = shape[d]
     for m in attr.dims_mapping[d]:
-        if m == without:
-            continue
-        a, b = split_range(stop - start, attr.mesh_shape[m], coord[m])
-        start, stop = start + a, start + b
-    return stop - start
+        if m != without:
+            n = piece_length(n, attr.factor_of(m), attr.mesh_shape[m], coord[m])
+    return n
 
 
-def _sizes(total: int, parts: int) -> list[int]:
-    q, r = divmod(total, parts)
-    return [q + (1 if i < r else 0) for i in range(parts)]
+def _sizes(total: int, parts: int, factor: int = 1) -> list[int]:
+    """The piece lengths of every coordinate (numpy.array_split; per section when strided)."""
+    return [piece_length(total, factor, parts, c) for c in range(parts)]
+
+
+def _take(arr, axis: int, ranges) -> Any:
+    """The ``[start, stop)`` ranges of ``arr`` along ``axis``, concatenated (a new array)."""
+    idx = [slice(None)] * arr.ndim
+    if len(ranges) == 1:
+        idx[axis] = slice(*ranges[0])
+        return arr[tuple(idx)].copy()
+    parts = []
+    for a, b in ranges:
+        idx[axis] = slice(a, b)
+        parts.append(arr[tuple(idx)])
+    if not parts:
+        idx[axis] = slice(0, 0)
+        return arr[tuple(idx)].copy()
+    return array_module(arr).concatenate(parts, axis=axis)
+
+
+def cut(arr, shape, attr: DistAttr, coord) -> Any:
+    """The piece of the global array ``arr`` held at ``coord`` under ``attr`` (strided shards
+    included; a view where every dim's piece is one slice)."""
+    ranges = local_ranges(shape, attr, coord)
+    if all(len(r) <= 1 for r in ranges):
+        return arr[tuple(slice(*r[0]) if r else slice(0, 0) for r in ranges)]
+    for d, r in enumerate(ranges):
+        if len(r) > 1 or r != ((0, shape[d]),):
+            arr = _take(arr, d, r)
+    return arr
+
+
+def _unstride(axis: int, length: int, factor: int, parts: int) -> Callable:
+    """The reorder after the all-gather of a strided shard: the gathered pieces (coordinate
+    order, each its sections in order) become the sections in order."""
+    held = [strided_ranges(length, factor, parts, c) for c in range(parts)]
+    pos, where = 0, []
+    for c in range(parts):
+        for a, b in held[c]:
+            where.append((a, pos, pos + b - a))
+            pos += b - a
+    order = tuple((p, q) for _, p, q in sorted(where))
+    return lambda arr: _take(arr, axis, order)
 
 
 #: the collective op that reduces a Partial of each reduce type (any/all: bool max/min)
@@ -52,22 +92,24 @@ def _prepare_step(step: Step, shape, mesh: ProcessMesh, coord, dtype: np.dtype) 
         elif k == "reduce_scatter":
             args = {"op": op, "axis": d}
         else:
-            sizes = _sizes(_extent(shape, step.before, coord, d, without=m), n)
+            parent = _extent(shape, step.before, coord, d, without=m)
+            sizes = _sizes(parent, n, step.split_factor)
             args = ({"axis": d, "sizes": sizes} if k == "all_gather" else
                     {"split_axis": step.split_dim, "concat_axis": d, "recv_sizes": sizes})
         group = group_along(mesh, m)
         if not isinstance(group, collectives.ProcessGroup):  # a mesh dim of size 1
-            return partial(getattr(group, k), **args)
-        return group.prepare(k, local_shape(shape, step.before, coord), dtype, **args)
+            run = partial(getattr(group, k), **args)
+        else:
+            run = group.prepare(k, local_shape(shape, step.before, coord), dtype, **args)
+        if step.split_factor > 1:  # a strided shard's all-gather: then the local reorder
+            reorder = _unstride(d, parent, step.split_factor, n)
+            return lambda arr: reorder(run(arr))
+        return run
     if k == "swap":
         return _swap(step, shape, mesh, coord, dtype)
     if k == "slice":
-        def cut(arr):
-            a, b = split_range(arr.shape[d], n, coord[m])
-            idx = [slice(None)] * arr.ndim
-            idx[d] = slice(a, b)
-            return arr[tuple(idx)].copy()
-        return cut
+        factor = step.split_factor
+        return lambda arr: _take(arr, d, strided_ranges(arr.shape[d], factor, n, coord[m]))
     if k == "scale_partial":  # sum -> avg multiplies by n; avg -> sum divides
         return (lambda arr: arr * n) if step.reduce_type == "avg" else (lambda arr: arr / n)
     if k == "shard_to_partial":
@@ -105,7 +147,7 @@ def _swap(step: Step, shape, mesh: ProcessMesh, coord, dtype: np.dtype) -> Calla
         # one (a captured program's buffer plan reuses the input's block after the step)
         return lambda arr: arr.copy()
     peer, me = mesh.rank_at(other), get_rank()
-    out_shape = tuple(s.stop - s.start for s in local_slices(shape, step.after, coord))
+    out_shape = local_shape(shape, step.after, coord)
     pair = collectives.new_group(sorted((me, peer)))
     return pair.prepare("sendrecv", local_shape(shape, step.before, coord), dtype,
                         dst=1 - pair.rank, recv_shape=out_shape)
@@ -149,7 +191,8 @@ class PreparedStep:
 def _prepared(step: Step, shape, mesh: ProcessMesh, coord, dtype) -> PreparedStep:
     kind = "collective" if step.is_collective else "local"
     return PreparedStep(kind, _prepare_step(step, shape, mesh, coord, dtype), step.describe(),
-                        step.bytes_per_rank, step.kind in _RECEIVES_INTO,
+                        step.bytes_per_rank,
+                        step.kind in _RECEIVES_INTO and step.split_factor == 1,
                         step.kind == "all_gather")
 
 
@@ -210,14 +253,13 @@ def _cross_mesh_move(plan: ReshardPlan, p2p: Step, arr, dtype, me, src_coord, ds
             s = r if r in src_ids else src_ids[j % len(src_ids)]
         if me != s and me != r:
             continue
-        sl = local_slices(plan.shape, target, rc)
         if me == s:
-            piece = arr if direct else arr[sl]
+            piece = arr if direct else cut(arr, plan.shape, target, rc)
             if s == r:
                 received = piece.copy()
             else:
                 w.send(np.ascontiguousarray(piece) if isinstance(piece, np.ndarray) else piece, r)
         if me == r and s != r:
-            received = w.recv(tuple(x.stop - x.start for x in sl), dtype, s,
+            received = w.recv(local_shape(plan.shape, target, rc), dtype, s,
                               like=arr if not isinstance(arr, np.ndarray) else None)
     return received

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spmd_rules import local_slices
+from spmd_rules import DistAttr, local_ranges, local_slices
 
 from ..tensor import Tensor
 from .mesh_groups import get_rank
@@ -17,7 +17,9 @@ __all__ = ["visualize_sharding"]
 
 def _fmt_placement(p) -> str:
     if p.is_shard():
-        return f"S({p.dim})" if p.shard_order is None else f"S({p.dim}, order {p.shard_order})"
+        extra = "" if p.shard_order is None else f", order {p.shard_order}"
+        extra += "" if p.split_factor == 1 else f", split factor {p.split_factor}"
+        return f"S({p.dim}{extra})"
     if p.is_partial():
         return f"P({p.reduce_type.value})"
     return "R"
@@ -40,8 +42,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _rng(s: slice) -> str:
-    return f"{s.start}:{s.stop}"
+def _rng(ranges: tuple) -> str:
+    return "+".join(f"{a}:{b}" for a, b in ranges) if ranges else "-"
+
+
+def _pieces(shape, attr: DistAttr, coord) -> tuple:
+    """Per tensor dim the global ranges held at ``coord``: one (possibly empty) slice, or a
+    strided dim's ranges in local order."""
+    plain = local_slices(shape, attr.without_split_factors(), coord)
+    strided = local_ranges(shape, attr, coord)
+    return tuple(strided[d] if attr.is_strided(d) else ((sl.start, sl.stop),)
+                 for d, sl in enumerate(plain))
 
 
 def visualize_sharding(x, print_: bool = True) -> str:
@@ -50,7 +61,9 @@ def visualize_sharding(x, print_: bool = True) -> str:
     For 1-d and 2-d tensors a grid of blocks: each cell gives the global index ranges of the
     block and the ranks holding it (``P(sum)`` etc. marks blocks whose ranks hold addends of a
     Partial value rather than copies). Every tensor, whatever its rank, also gets a per-rank table:
-    mesh coordinate, global index ranges, local shape and bytes."""
+    mesh coordinate, global index ranges, local shape and bytes. A strided shard
+    (``Shard(d, split_factor=k)``) holds several ranges of dim d, joined by ``+``; its grid
+    has one block per range."""
     if not isinstance(x, Tensor) or not x.is_dist():
         raise TypeError("visualize_sharding: x must be a distributed Tensor (made by shard_tensor "
                         "or dtensor_from_local)")
@@ -65,7 +78,7 @@ def visualize_sharding(x, print_: bool = True) -> str:
     pieces = {}  # rank -> (coord, slices)
     for r in mesh.process_ids:
         c = mesh.get_coord(r)
-        pieces[r] = (c, local_slices(shape, attr, c))
+        pieces[r] = (c, _pieces(shape, attr, c))
     marker = ""
     if attr.partial:
         kinds = sorted({red.value for _, red in attr.partial})
@@ -76,7 +89,7 @@ def visualize_sharding(x, print_: bool = True) -> str:
 
     if len(shape) in (1, 2):
         # Per tensor dim the index ranges of all pieces partition it, so the blocks form a grid.
-        ranges = [sorted({(sl[d].start, sl[d].stop) for _, sl in pieces.values()})
+        ranges = [sorted({rg for _, sl in pieces.values() for rg in sl[d]})
                   for d in range(len(shape))]
         rows = ranges[0] if len(shape) == 2 else [(0, 1)]
         cols = ranges[-1]
@@ -84,9 +97,9 @@ def visualize_sharding(x, print_: bool = True) -> str:
         def holders(ri, ci):
             out = []
             for r, (_, sl) in pieces.items():
-                if len(shape) == 2 and (sl[0].start, sl[0].stop) != ri:
+                if len(shape) == 2 and ri not in sl[0]:
                     continue
-                if (sl[-1].start, sl[-1].stop) == ci:
+                if ci in sl[-1]:
                     out.append(r)
             return out
 
@@ -109,9 +122,9 @@ def visualize_sharding(x, print_: bool = True) -> str:
     header = ["rank", "coord", "global ranges", "local shape", "bytes"]
     body = []
     for r, (c, sl) in pieces.items():
-        lshape = tuple(s.stop - s.start for s in sl)
+        lshape = tuple(sum(b - a for a, b in rs) for rs in sl)
         nbytes = int(np.prod(lshape, dtype=np.int64)) * itemsize
-        body.append([str(r), str(list(c)), "[" + ", ".join(_rng(s) for s in sl) + "]",
+        body.append([str(r), str(list(c)), "[" + ", ".join(_rng(rs) for rs in sl) + "]",
                      str(list(lshape)), str(nbytes) + marker])
     lines.append("per rank:")
     lines += _table(header, body)

@@ -345,8 +345,15 @@ def _split_bwd(node, *gs):
     return concat(parts, axis)
 
 
+def _local_sections(attrs, in_metas, out_metas, coord):
+    """split: each section's local size (a strided split axis holds a piece of every one)."""
+    axis = attrs["axis"]
+    return {**attrs, "sections": tuple(local_shape(o.shape, o.dist_attr, coord)[axis]
+                                       for o in out_metas)}
+
+
 register("split", _split_kernel, backward=_split_bwd, rule="split", n_out=-1, view=((0, -1),),
-         dtype=_SAME, no_need_buffer=(0,))
+         dtype=_SAME, no_need_buffer=(0,), local_attrs=_local_sections)
 
 
 @public(methods=True)

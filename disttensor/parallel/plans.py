@@ -167,28 +167,45 @@ class ColWiseParallel(PlanBase):
     The output is sharded on its last dim; ``gather_output=True`` reshards it to Replicate on
     "mp" (an all-gather).
 
+    ``split_factor=k`` is for a fused projection (QKV: 3, gate/up: 2): the out features are k
+    equal sections and each "mp" rank holds its piece of every one (``Shard(1,
+    split_factor=k)``), so splitting the output into its k sections gives each section
+    column-parallel, with no communication.
+
     Example::
 
-        {"mlp.fc1": dt.ColWiseParallel(), "lm_head.weight": dt.ColWiseParallel()}
+        {"mlp.fc1": dt.ColWiseParallel(), "lm_head.weight": dt.ColWiseParallel(),
+         "attn.qkv": dt.ColWiseParallel(split_factor=3)}
     """
 
-    def __init__(self, gather_output: bool = False):
+    def __init__(self, gather_output: bool = False, split_factor: int = 1):
+        if isinstance(split_factor, bool) or not isinstance(split_factor, int) \
+                or split_factor < 1:
+            raise ValueError(f"ColWiseParallel: split_factor must be an int >= 1, got "
+                             f"{split_factor!r}")
         self.gather_output = bool(gather_output)
+        self.split_factor = split_factor
 
     def _targets(self, layer: Layer, params: list[str]) -> list[str]:
         return [n for n in (params or ["weight", "bias"]) if _param(layer, n) is not None]
 
     def check(self, key, layer, params):
         for n in self._targets(layer, params):
-            if _param(layer, n).ndim not in (1, 2):
+            p = _param(layer, n)
+            if p.ndim not in (1, 2):
                 raise ValueError(f"parallelize: ColWiseParallel on '{key}': parameter '{n}' has "
-                                 f"shape {_param(layer, n).shape}; it needs 1 or 2 dims")
+                                 f"shape {p.shape}; it needs 1 or 2 dims")
+            if p.shape[-1] % self.split_factor:
+                raise ValueError(f"parallelize: ColWiseParallel(split_factor="
+                                 f"{self.split_factor}) on '{key}': parameter '{n}' of shape "
+                                 f"{p.shape} has {p.shape[-1]} output features, not "
+                                 f"{self.split_factor} equal sections")
 
     def apply(self, layer, mesh, params, placer):
         mp = mesh.dim_names.index("mp")
         for n in self._targets(layer, params):
             pl = [Replicate()] * mesh.ndim
-            pl[mp] = Shard(1) if _param(layer, n).ndim == 2 else Shard(0)
+            pl[mp] = Shard(_param(layer, n).ndim - 1, split_factor=self.split_factor)
             placer.place(layer, n, pl)
         if self.gather_output:
             layer.register_forward_post_hook(lambda _l, _i, out: _gather_mp(out, mesh))

@@ -9,6 +9,7 @@ Layout note: a disttensor ``Linear`` weight is ``[in, out]`` (Paddle's layout), 
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -235,7 +236,7 @@ def _lay_out(t: Tensor, mesh: ProcessMesh, placement: Placement) -> Tensor:
     on a larger mesh with ``mesh``'s dim name (a module :func:`fully_shard` lifted to the
     parent mesh) gets ``placement`` on that dim, its other dims unchanged."""
     if isinstance(placement, Shard) and t.ndim:
-        placement = Shard(placement.dim % t.ndim)
+        placement = replace(placement, dim=placement.dim % t.ndim)
     own = t.process_mesh
     if own == mesh:
         want, target = [placement], mesh
@@ -266,7 +267,9 @@ class ColwiseParallel(ParallelStyle):
     (weight ``Shard(1)`` in disttensor's ``[in, out]`` layout, bias ``Shard(0)``), an
     Embedding's embedding dim (``Shard(1)``). Input: given as ``input_layouts`` (default
     Replicate), used replicated; output: ``output_layouts`` (default ``Shard(-1)``), a local
-    tensor when ``use_local_output`` (default).
+    tensor when ``use_local_output`` (default). ``split_factor=k`` (a fused projection of k
+    equal sections, e.g. QKV) shards each section: ``Shard(d, split_factor=k)``, the default
+    output layout too, so each rank's local output holds its piece of every section.
 
     Example::
 
@@ -274,16 +277,29 @@ class ColwiseParallel(ParallelStyle):
     """
 
     def __init__(self, *, input_layouts: Placement | None = None,
-                 output_layouts: Placement | None = None, use_local_output: bool = True):
-        super().__init__(input_layouts or Replicate(), output_layouts or Shard(-1),
+                 output_layouts: Placement | None = None, use_local_output: bool = True,
+                 split_factor: int = 1):
+        if isinstance(split_factor, bool) or not isinstance(split_factor, int) \
+                or split_factor < 1:
+            raise ValueError(f"ColwiseParallel: split_factor must be an int >= 1, got "
+                             f"{split_factor!r}")
+        self.split_factor = split_factor
+        super().__init__(input_layouts or Replicate(),
+                         output_layouts or Shard(-1, split_factor=split_factor),
                          use_local_output)
 
     def check(self, name, module):
         _check_kind("ColwiseParallel", name, module)
+        out = module.weight.shape[-1] if isinstance(module, Linear) else module.weight.shape[1]
+        if out % self.split_factor:
+            raise ValueError(f"parallelize_module: ColwiseParallel(split_factor="
+                             f"{self.split_factor}) on '{name or type(module).__name__}': "
+                             f"{out} output features are not {self.split_factor} equal sections")
 
     def apply(self, module, mesh, src_data_rank):
-        _place(module, "weight", mesh, [Shard(1)], src_data_rank)
-        _place(module, "bias", mesh, [Shard(0)], src_data_rank)
+        k = self.split_factor
+        _place(module, "weight", mesh, [Shard(1, split_factor=k)], src_data_rank)
+        _place(module, "bias", mesh, [Shard(0, split_factor=k)], src_data_rank)
         self._hooks(module, mesh, Replicate())
 
 

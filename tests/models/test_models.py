@@ -98,6 +98,7 @@ def test_generation_equals_dense_token_for_token(name, comm):
     model, idx, out = sample(mesh)
     assert idx.placements == [Shard(0), Replicate()]
     head_proj = model.h[0].attn.c_attn if name == "gpt2" else model.layers[0].attention.wq
-    assert head_proj.weight.placements == [Replicate(), Shard(1)]
+    heads = Shard(1, split_factor=3) if name == "gpt2" else Shard(1)  # gpt2: fused q, k, v
+    assert head_proj.weight.placements == [Replicate(), heads]
     assert out.shape == [4, 17] and out.placements[0] == Shard(0)
     np.testing.assert_array_equal(out.numpy(), dense.numpy())

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from spmd_rules import (DistAttr, Flatten, InputDim, Partial, Replicate, Shard, Singleton, Split,
-                        TensorMeta, local_shape, local_slices, make_reshape_dim_trans,
+                        TensorMeta, local_ranges, local_shape, make_reshape_dim_trans,
                         reshard_cost)
 from rules_util import coords, meta, run
 
@@ -25,12 +25,18 @@ def test_dim_trans_examples():
 
 
 def test_flatten_of_sharded_inner_dim_moves_to_the_leading_dim():
-    # the inner dim cannot stay sharded through the flatten: its mesh dim moves to dim 0 (one
+    # the inner dim cannot stay sharded through the flatten (its pieces are not whole rows of
+    # the flattened dim: 3 rows of 2 over 2 ranks): its mesh dim moves to dim 0 (one
     # all-to-all) rather than being gathered, and the output stays sharded
+    r = run("reshape", meta((8, 3, 2), [S(1)]), shape=(48,))
+    assert r.inputs[0].dims_mapping == ((0,), (), ()) \
+        and r.outputs[0].dist_attr.dims_mapping == ((0,),)
+    assert reshard_cost((8, 3, 2), 1, meta((8, 3, 2), [S(1)]).dist_attr, r.inputs[0]) < \
+        reshard_cost((8, 3, 2), 1, meta((8, 3, 2), [S(1)]).dist_attr, DistAttr.replicated(3, (2,)))
+    # the last dim of the group: the flattened dim is strided by the leading size, no move
     r = run("reshape", meta((8, 6), [S(1)]), shape=(48,))
-    assert r.inputs[0].dims_mapping == ((0,), ()) and r.outputs[0].dist_attr.dims_mapping == ((0,),)
-    assert reshard_cost((8, 6), 1, meta((8, 6), [S(1)]).dist_attr, r.inputs[0]) < \
-        reshard_cost((8, 6), 1, meta((8, 6), [S(1)]).dist_attr, DistAttr.replicated(2, (2,)))
+    assert r.inputs[0].dims_mapping == ((), (0,))
+    assert r.outputs[0].dist_attr.to_placements() == [S(0, split_factor=8)]
 
 
 def test_flatten_of_sharded_leading_dim_survives():
@@ -121,6 +127,9 @@ def test_squeeze_unsqueeze_flatten():
     r = run("flatten", meta((4, 6, 5), [S(1)], (3,)), start_axis=1, stop_axis=2)
     assert r.outputs[0].shape == (4, 30) and r.outputs[0].dist_attr.dims_mapping == ((), (0,))
     r = run("flatten", meta((4, 6, 5), [S(2)]), start_axis=0, stop_axis=2)
+    assert r.inputs[0].dims_mapping == ((), (), (0,))  # no move: strided by the 24 rows
+    assert r.outputs[0].dist_attr.to_placements() == [S(0, split_factor=24)]
+    r = run("flatten", meta((4, 5, 6), [S(1)]), start_axis=0, stop_axis=2)
     assert r.inputs[0].dims_mapping == ((0,), (), ())  # all-to-all onto the leading dim
     assert run("flatten", meta((), [R()])).outputs[0].shape == (1,)
     with pytest.raises(ValueError, match="flatten.*start_axis"):
@@ -157,9 +166,16 @@ def reshape_cases(draw):
         for _ in range(draw(st.integers(0, 2))):
             tgt.insert(draw(st.integers(0, len(tgt))), 1)
     mesh = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)))
-    choices = [R(), P()] + [S(d) for d in range(ndim)]
+    choices = [R(), P()] + [S(d, split_factor=k) for d in range(ndim) for k in (1, 1, 2, 3)]
     attr = DistAttr.from_placements([draw(st.sampled_from(choices)) for _ in mesh], ndim, mesh)
     return src, tuple(tgt), attr
+
+
+def _piece(g, attr, c):
+    """The piece of ``g`` at ``c`` (strided shards: their ranges in order)."""
+    idx = [np.concatenate([np.arange(a, b) for a, b in r] or [np.zeros(0, int)])
+           for r in local_ranges(g.shape, attr, c)]
+    return g[np.ix_(*idx)] if idx else g
 
 
 def _check_reshape(src, tgt, attr):
@@ -174,8 +190,9 @@ def _check_reshape(src, tgt, attr):
     g = np.arange(int(np.prod(src))).reshape(src)
     dense = g.reshape(tgt)
     for c in coords(attr.mesh_shape):
-        piece = g[local_slices(src, req, c)]
-        np.testing.assert_array_equal(piece.reshape(local_shape(tgt, out, c)), dense[local_slices(tgt, out, c)])
+        piece = _piece(g, req, c)
+        np.testing.assert_array_equal(piece.reshape(local_shape(tgt, out, c)),
+                                      _piece(dense, out, c))
     return req
 
 
@@ -207,13 +224,17 @@ def test_uneven_size_one_shard_survives_views(target):
 
 
 def test_flatten_of_sequence_sharded_activation_without_a_gather():
-    """[6, seq, 3] as S(1) flattened to [6*seq, 3]: the seq shard cannot survive the flatten;
-    it moves to dim 0 by one all-to-all (no all-gather) and the output stays sharded."""
+    """[6, seq, 3] as S(1) flattened to [6*seq, 3]: the seq shard becomes the strided shard of
+    dim 0 by the 6 leading rows (no communication at all); reshaped back it is S(1) again."""
     from spmd_rules import plan_same_mesh
     x = meta((6, 5, 3), [S(1)])
     r = run("flatten", x, start_axis=0, stop_axis=1)
-    assert r.outputs[0].shape == (30, 3) and r.outputs[0].dist_attr.dims_mapping == ((0,), ())
-    assert [s.kind for s in plan_same_mesh((6, 5, 3), 4, x.dist_attr, r.inputs[0])] == ["all_to_all"]
+    assert r.outputs[0].shape == (30, 3)
+    assert r.outputs[0].dist_attr.to_placements() == [S(0, split_factor=6)]
+    assert plan_same_mesh((6, 5, 3), 4, x.dist_attr, r.inputs[0]) == ()
+    back = run("reshape", r.outputs[0], shape=(6, 5, 3))
+    assert back.inputs[0] == r.outputs[0].dist_attr and back.outputs[0].dist_attr == x.dist_attr
+    _check_reshape((6, 5, 3), (30, 3), x.dist_attr)
 
 
 @pytest.mark.parametrize("target", [(192,), (12, 2, 8), (8, 6, 4)])
