@@ -34,22 +34,9 @@ from .schema import DENSE_CTX, OPS, OpDef
 from .tape import _GradMode, record, set_grad_enabled
 from .tensor import DenseTensor, Holder, Tensor
 
-__all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "add_recorder",
-           "remove_recorder", "add_write_watcher", "remove_write_watcher", "host_read", "wrap_array",
-           "note_undo", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place",
-           "dense_plan", "set_amp_policy"]
-
-#: callbacks ``f(CallRecord)`` told about every executed call (see disttensor.jit.record)
-_recorders: list[Callable[[CallRecord], None]] = []
-#: callbacks ``f(plan, inputs)`` told before a plan writes into its inputs' buffers (capture
-#: uses it to undo a failed capture)
-_watchers: list[Callable] = []
-
-
-#: capture installs a guard here: a host read of tensor data (``numpy()``, ``item()``, a tensor
-#: in an ``if``) cannot be part of a captured program
-_host_read_guard: list[Callable[[str], None]] = []
-
+__all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "Observer", "add_observer",
+           "remove_observer", "host_read", "wrap_array", "note_undo", "plan_cache_info",
+           "clear_plan_cache", "xp_of", "resolve_place", "dense_plan", "set_amp_policy"]
 
 #: the autocast policy ``f(op, inputs) -> inputs`` while a ``dt.amp.auto_cast`` block runs
 #: (:mod:`disttensor.amp`): the inputs the op runs on, cast by ordinary ``cast`` calls
@@ -63,38 +50,50 @@ def set_amp_policy(policy: Callable | None) -> Callable | None:
     return prev
 
 
-#: capture installs a list here: objects that create lasting state lazily (an optimizer's
-#: moments) note how to forget it, so a failed capture leaves them as they were
-_undo_log: list[list[Callable[[], None]]] = []
+class Observer:
+    """What the seam tells an observer (:func:`add_observer`); each method does nothing
+    unless overridden. :func:`disttensor.jit.record` and ``to_static``'s capture are
+    observers."""
+
+    def on_call(self, record: CallRecord) -> None:
+        """A call ran (after its outputs exist)."""
+
+    def before_write(self, plan: Plan, inputs: tuple) -> None:
+        """``plan`` is about to write into the buffers of ``inputs[i]`` for i in
+        ``plan.writes``."""
+
+    def on_host_read(self, what: str) -> None:
+        """Tensor data is about to be copied to Python (``numpy()``, ``item()``, ...); may
+        raise to refuse it."""
+
+    def on_lasting_state(self, undo: Callable[[], None]) -> None:
+        """An object created state that outlives the call lazily (an optimizer's moments);
+        ``undo`` forgets it."""
+
+
+#: the observers told about every call, write, host read and lasting state
+_observers: list[Observer] = []
+
+
+def add_observer(obs: Observer) -> None:
+    _observers.append(obs)
+
+
+def remove_observer(obs: Observer) -> None:
+    _observers.remove(obs)
 
 
 def note_undo(fn: Callable[[], None]) -> None:
-    """Inside a capture, remember ``fn`` to run if the capture fails (no-op otherwise)."""
-    for log in _undo_log:
-        log.append(fn)
+    """Tell the observers that lasting state was made, which ``fn`` forgets."""
+    for obs in list(_observers):
+        obs.on_lasting_state(fn)
 
 
 def host_read(what: str) -> None:
     """Called before tensor data is copied to Python (``Tensor.numpy()`` and what builds on
-    it); raises inside a capture."""
-    for guard in _host_read_guard:
-        guard(what)
-
-
-def add_recorder(fn: Callable[[CallRecord], None]) -> None:
-    _recorders.append(fn)
-
-
-def remove_recorder(fn: Callable[[CallRecord], None]) -> None:
-    _recorders.remove(fn)
-
-
-def add_write_watcher(fn: Callable) -> None:
-    _watchers.append(fn)
-
-
-def remove_write_watcher(fn: Callable) -> None:
-    _watchers.remove(fn)
+    it); an observer may refuse it (a capture raises)."""
+    for obs in list(_observers):
+        obs.on_host_read(what)
 
 
 def xp_of(arr):
@@ -307,7 +306,7 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
 
 def _finish(op: OpDef, plan: Plan, attrs: dict, inputs: tuple, out: Tensor, xp) -> Tensor:
     """The fast paths' epilogue: tell recorders, record the grad node."""
-    if _recorders:
+    if _observers:
         _tell(plan, attrs, inputs, (out,), xp)
     if _GradMode.enabled and op.backward is not None:
         for t in inputs:
@@ -422,9 +421,9 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
         node = record(op, attrs, inputs, [None] * len(plan.outputs))
         if inplace[0] in op.save_inputs:
             _save_old_target(node, op, inputs, inplace[0])
-    if _watchers and plan.writes:
-        for fn in list(_watchers):
-            fn(plan, inputs)
+    if _observers and plan.writes:
+        for obs in list(_observers):
+            obs.before_write(plan, inputs)
     if dev is None:
         _interpret(plan, slots, attrs, xp)
     else:
@@ -433,17 +432,33 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
     for i in plan.writes:
         holders[i].version += 1
     outs = _wrap(plan, slots, holders, inputs)
+    consumed = _consumed(plan, inputs, slots) if needs_grad and plan.consumed else None
     if inplace is not None:
         x = inputs[inplace[0]]
         if node is not None:
+            for i, t in (consumed or {}).items():
+                node.save(t, at=op.save_inputs.index(i))
             if inplace[1] in op.save_outputs:
                 node.save(x)
             x._node, x._slot, x.stop_gradient = node, inplace[1], False
     elif needs_grad:
-        record(op, attrs, inputs, outs)
-    if _recorders:
-        _tell(plan, attrs, inputs, tuple(outs), xp, slots)
+        record(op, attrs, inputs, outs, consumed)
+    if _observers:
+        _tell(plan, attrs, inputs, tuple(outs), xp, slots, consumed)
     return outs[0] if len(outs) == 1 and op.n_out == 1 else tuple(outs)
+
+
+def _consumed(plan: Plan, inputs: tuple, slots: list) -> dict:
+    """The resharded inputs the kernel read and the op saves for backward, as Tensors over
+    their slots (sharing the input's holder: an inplace write to the input still invalidates
+    them, as it would the input)."""
+    saved = {}
+    for i, slot, attr in plan.consumed:
+        if i in plan.op.save_inputs:
+            t = inputs[i]
+            dense = DenseTensor(slots[slot], t._local_dense().holder)
+            saved[i] = Tensor(DistTensor(dense, plan.mesh, attr, t._value.shape))
+    return saved
 
 
 def _save_old_target(node, op: OpDef, inputs: tuple, ti: int) -> None:
@@ -550,9 +565,11 @@ def wrap_array(arr, mesh=None, dist_attr=None, shape=None) -> Tensor:
 
 
 def _tell(plan: Plan, attrs: dict, inputs: tuple, outs: tuple, xp,
-          slots: list | None = None) -> None:
+          slots: list | None = None, consumed: dict | None = None) -> None:
     metas = None if slots is None else [
         (tuple(a.shape), a.dtype) if hasattr(a, "dtype") else None for a in slots]
-    rec = CallRecord(plan, attrs, inputs, outs, xp, metas)
-    for fn in list(_recorders):
-        fn(rec)
+    saved = {slot: consumed[i] for i, slot, _ in plan.consumed if i in consumed} \
+        if consumed else None
+    rec = CallRecord(plan, attrs, inputs, outs, xp, metas, saved)
+    for obs in list(_observers):
+        obs.on_call(rec)

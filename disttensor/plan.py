@@ -53,7 +53,6 @@ class Instr:
     # fn concatenates its inputs, flattened, into its one (1-D) output: the element offset of
     # each input there (a memory plan may place the inputs at those parts of the output)
     packs: tuple[int, ...] | None = None
-    grows: bool = False  # a reshard step whose result piece may be larger (PreparedStep.grows)
 
     @property
     def communicates(self) -> bool:
@@ -106,15 +105,18 @@ class Plan:
     the inputs whose buffers the plan writes (their version counters are bumped once each).
     ``kernel`` is the kernel instruction when the plan is that instruction alone; ``fast``
     says the eager runtime may run it on its fast path (one kernel, one new output, nothing
-    written), which does exactly what interpreting the instruction does."""
+    written), which does exactly what interpreting the instruction does. ``consumed`` lists
+    the inputs the kernel reads resharded, as ``(input, slot, layout)``: autograd saves that
+    slot's value for backward, so a backward never repeats a forward reshard."""
 
     __slots__ = ("op", "kind", "mesh", "n_in", "n_slots", "instrs", "outputs", "writes",
-                 "in_layouts", "kernel", "fast", "view0", "keep", "__weakref__")
+                 "in_layouts", "consumed", "kernel", "fast", "view0", "keep", "__weakref__")
 
     def __init__(self, op, kind: str, n_in: int, instrs: tuple[Instr, ...],
                  outputs: tuple[OutSpec, ...], writes: tuple[int, ...] = (), mesh=None,
-                 in_layouts: tuple = ()):
+                 in_layouts: tuple = (), consumed: tuple = ()):
         self.op = op
+        self.consumed = consumed
         self.kind = kind
         self.mesh = mesh
         self.n_in = n_in
@@ -160,13 +162,15 @@ class CallRecord:
     """One executed call, as :func:`disttensor.jit.record` sees it: the plan, the attrs the
     call passed, the input and output Tensors, the array module its kernels ran with (numpy
     or cupy: the first input's, or for a creation op its place's), the (local shape, dtype)
-    of every slot the plan filled (None on the fast path, which has no temporaries) and the
-    collectives it issued."""
+    of every slot the plan filled (None on the fast path, which has no temporaries), the
+    Tensors saved for backward in place of resharded inputs by their slot (``saved``, see
+    ``Plan.consumed``) and the collectives it issued."""
 
-    __slots__ = ("plan", "attrs", "inputs", "outputs", "xp", "slot_metas")
+    __slots__ = ("plan", "attrs", "inputs", "outputs", "xp", "slot_metas", "saved")
 
     def __init__(self, plan: Plan, attrs: dict, inputs: tuple, outputs: tuple, xp: Any,
-                 slot_metas: list | None = None):
+                 slot_metas: list | None = None, saved: dict | None = None):
+        self.saved = saved
         self.plan = plan
         self.attrs = attrs
         self.inputs = inputs

@@ -142,8 +142,7 @@ def reshard_instrs(plan, dtype, src: int, next_slot: int) -> tuple[list[Instr], 
     cur = src
     for step in prepare(plan, np.dtype(dtype)):
         instrs.append(Instr(step.kind, step.fn, (cur,), (next_slot,), label=step.label,
-                            nbytes=step.nbytes, accepts_out=step.accepts_out,
-                            grows=step.grows))
+                            nbytes=step.nbytes, accepts_out=step.accepts_out))
         cur, next_slot = next_slot, next_slot + 1
     return instrs, cur, next_slot
 
@@ -251,8 +250,10 @@ def plan_call(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh,
                                view_of=view_of, is_input=is_input))
     writes_in = tuple(sorted({i for i, _ in op.mutates} | (
         {inplace[0]} if inplace is not None else set())))
+    consumed = tuple((i, arg[i], req_metas[i].dist_attr) for i in range(n_in)
+                     if arg[i] != i and i not in writes_in)
     return Plan(op, "dist", n_in, tuple(instrs), tuple(outputs), writes=writes_in, mesh=mesh,
-                in_layouts=layouts)
+                in_layouts=layouts, consumed=consumed)
 
 
 def _is_view(op: OpDef, layout, attrs) -> bool:

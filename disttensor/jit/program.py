@@ -88,7 +88,6 @@ class Step:
     takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
     packs: tuple[int, ...] | None = None  # element offsets of ``ins`` in ``outs[0]`` (Instr.packs)
     xp: Any = np  # the array module it runs with (a creation op's place may not be the program's)
-    grows: bool = False  # a reshard step whose result piece may be larger (Instr.grows)
 
 
 @dataclass(slots=True, eq=False)
@@ -478,7 +477,13 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
                                                 if k not in absent),
                           tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
                           takes_out and len(out_regs) == 1, None if absent else instr.packs,
-                          rec.xp, instr.grows))
+                          rec.xp))
+    for s, t in (rec.saved or {}).items():  # a resharded input saved for backward
+        v = b.p.values[scratch_of[s]]
+        v.shape, _, v.placements, _ = _meta(t)
+        v.layout = _layout(t)
+        b.reg_of[id(t._local_dense())] = slot_reg[s]
+        b.keep.append(t._local_dense())
     outs, inplace, views = [], [], []
     for spec, t in zip(specs, rec.outputs):
         if spec.is_input is not None:
