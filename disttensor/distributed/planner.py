@@ -264,34 +264,14 @@ def _is_view(op: OpDef, layout, attrs) -> bool:
 
 def _kernel_instr(op: OpDef, local: dict, ctx, args: tuple, outs: tuple, writes: tuple,
                   direct_out: int | None) -> Instr:
-    kernel = op.kernel
-    collectives = tuple(ctx.collectives()) if ctx is not None else ()
-    kwargs = None
-    if direct_out is not None:
-        fn = _bind_out(kernel, local, ctx, args.index(direct_out) if direct_out in args else 0)
-    elif ctx is not None:
-        kwargs = {**local, "ctx": ctx}
-
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, ctx=ctx, **local)
-    else:
-        kwargs = local
-
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, **local)
-    return Instr("kernel", fn, args, outs, writes=writes, label=op.name,
-                 collectives=collectives, kwargs=kwargs)
-
-
-def _bind_out(kernel, local: dict, ctx, target: int):
-    """The kernel writing its result into argument ``target``'s buffer (``out=``)."""
-    if ctx is not None:
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, out=arrays[target], ctx=ctx, **local)
-    else:
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, out=arrays[target], **local)
-    return fn
+    """The kernel on the argument slots with its local attrs and context; ``direct_out``: the
+    slot it writes its result into (``out=``)."""
+    out_arg = None if direct_out is None else \
+        (args.index(direct_out) if direct_out in args else 0)
+    return Instr("kernel", op.kernel, args, outs, writes=writes, kwargs=local, ctx=ctx,
+                 out_arg=out_arg, label=op.name,
+                 collectives=tuple(ctx.collectives()) if ctx is not None else (),
+                 accepts_out=op.accepts_out and not writes)
 
 
 def _store_back(t, own_meta, src_meta, src_slot: int, dst_slot: int, mesh: ProcessMesh, dtype,
