@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from types import FunctionType
 from typing import Any, Callable
 
 import numpy as np
 
-from .codegen import assign, define
+from .codegen import CODE_CACHE_LIMIT, assign, define
 
 __all__ = ["Instr", "OutSpec", "Plan", "CallRecord", "as_array"]
 
@@ -180,38 +181,61 @@ class Plan:
         return "\n".join(lines)
 
 
+#: the code of compiled plans by structure (op name, slots, per instruction what the source
+#: depends on): a plan of a known structure only binds its callables (a cache miss compiles
+#: nothing new)
+_PLAN_CODE: dict[tuple, Any] = {}
+
+
 def compile_plan(plan: Plan) -> Callable:
     """``plan`` as one straight-line function ``fn(xp, attrs, *input_arrays) -> slots``: every
     instruction in order, over locals named after the slots; it returns the tuple of all slots'
     arrays (None where nothing was assigned; a dense variadic kernel's results spread at its
     slot). ``attrs`` reaches a dense plan's kernels only (a dist plan bound its own)."""
-    env: dict[str, Any] = {}
     dense = plan.kind == "dense"
+    env: dict[str, Any] = {}
+    structure: list = [plan.op.name, plan.op.n_out, dense, plan.n_in, plan.n_slots]
+    for k, ins in enumerate(plan.instrs):
+        env[f"K{k}"] = ins.kernel
+        if ins.ctx is not None:
+            env[f"C{k}"] = ins.ctx
+        if ins.kwargs and not dense:
+            env[f"W{k}"] = ins.kwargs
+        structure.append((ins.kind, ins.ins, ins.outs, ins.writes, ins.ctx is not None,
+                          ins.out_arg, bool(ins.kwargs)))
+    key = tuple(structure)
+    code = _PLAN_CODE.get(key)
+    if code is None:
+        if len(_PLAN_CODE) >= CODE_CACHE_LIMIT:
+            _PLAN_CODE.pop(next(iter(_PLAN_CODE)))
+        code = _PLAN_CODE[key] = _plan_source(plan, dict(env)).__code__
+    return FunctionType(code, env)
+
+
+def _plan_source(plan: Plan, env: dict) -> Callable:
+    """Generate and compile the function :func:`compile_plan` describes."""
+    dense = plan.kind == "dense"
+    n_out = plan.op.n_out
     assigned = set(range(plan.n_in))
     body = []
     spread = None  # a dense variadic kernel's output slot (a tuple of arrays)
     for k, ins in enumerate(plan.instrs):
-        env[f"K{k}"] = ins.kernel
         args = [f"s{i}" for i in ins.ins]
         outs = [f"s{o}" for o in ins.outs]
         assigned.update(ins.outs)
         if ins.kind == "kernel":
             if ins.ctx is not None:
-                env[f"C{k}"] = ins.ctx
                 args.append(f"ctx=C{k}")
             if ins.out_arg is not None:
                 args.append(f"out=s{ins.ins[ins.out_arg]}")
             if dense:
                 args.append("**attrs")
             elif ins.kwargs:
-                env[f"W{k}"] = ins.kwargs
                 args.append(f"**W{k}")
-            variadic = plan.op.n_out == -1
-            if dense and variadic:
+            if dense and n_out == -1:
                 spread = ins.outs[0]
             body.append(assign(outs, f"K{k}(xp, {', '.join(args)})",
-                               unpack=len(outs) > 1 or (variadic and not dense)
-                               or plan.op.n_out > 1))
+                               unpack=len(outs) > 1 or n_out > 1 or (n_out == -1 and not dense)))
         elif ins.kind == "store":
             body.append(f"K{k}(s{ins.writes[0]}, {args[0]})")
         elif ins.kind == "empty":
