@@ -18,9 +18,10 @@ Prints JSON on rank 0:
 * ``vs_dtensor`` (where torch is installed; ``torch_note`` otherwise): PyTorch DTensor's side
   of per-op ``add`` on the same sharded [64, 64] float32 tensors (rank 0 timed, as ``ops``)
   and of a two-layer tensor-parallel MLP training step on a 1-d mesh of all ranks
-  (column-parallel [256, 1024] then row-parallel [1024, 256] weights, float32, batch 64,
-  relu, mean-square loss, SGD; DTensor's ``ColwiseParallel``/``RowwiseParallel`` over gloo),
-  with ``ratio`` = ours / DTensor (targets: add <= 0.3, step <= 0.5).
+  (column-parallel [d, 4d] then row-parallel [4d, d] weights, float32, batch 64, relu,
+  mean-square loss, SGD; DTensor's ``ColwiseParallel``/``RowwiseParallel`` over gloo) at
+  d = 16 (dispatch-bound) and d = 256 (kernel-bound), with ``ratio`` = ours / DTensor
+  (targets: add <= 0.3, step <= 0.5).
 """
 from __future__ import annotations
 
@@ -145,15 +146,9 @@ def bench_vs_dtensor(number: int, repeat: int, steps: int) -> dict:
     torch = _torch_dist()
     if torch is None:
         return {"torch_note": "torch not installed: no DTensor column"}
-    from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard as TShard
     from torch.distributed.tensor import distribute_tensor
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
     world = dt.get_world_size()
     tmesh = init_device_mesh("cpu", (world,), mesh_dim_names=("mp",))
     mesh = dt.ProcessMesh(list(range(world)), dim_names=["mp"])
@@ -169,8 +164,20 @@ def bench_vs_dtensor(number: int, repeat: int, steps: int) -> dict:
         return {"ours_us": round(ours * 1e6, 2), "dtensor_us": round(theirs * 1e6, 2),
                 "ratio": round(ours / theirs, 3)}
     add = _sleep_until_rank0_done(per_op)
+    return {"add": add, "tp_mlp_step": {f"d{d}": _tp_mlp_steps(torch, tmesh, mesh, d, steps)
+                                        for d in (16, 256)}}
 
-    d, h, batch, lr = 256, 1024, 64, 0.01
+
+def _tp_mlp_steps(torch, tmesh, mesh, d: int, steps: int) -> dict:
+    """The two-layer TP MLP step, ours and DTensor's (see the module docstring)."""
+    from torch import nn
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    rng = np.random.default_rng(d)
+    h, batch, lr = 4 * d, 64, 0.01
     W1, W2 = (rng.standard_normal(s).astype(np.float32) * 0.05 for s in ((d, h), (h, d)))
     X = rng.standard_normal((batch, d)).astype(np.float32)
     w1 = dt.shard_tensor(W1, mesh, [Shard(1)], stop_gradient=False)
@@ -203,9 +210,8 @@ def bench_vs_dtensor(number: int, repeat: int, steps: int) -> dict:
     first_ours, first_torch = float(ours_step().numpy()), float(torch_step())
     loss_diff = abs(first_ours - first_torch) / abs(first_torch)
     t_ours, t_torch = _step_times(ours_step, steps), _step_times(torch_step, steps)
-    return {"add": add, "tp_mlp_step": {
-        "ours_ms": round(t_ours * 1e3, 3), "dtensor_ms": round(t_torch * 1e3, 3),
-        "ratio": round(t_ours / t_torch, 3), "first_loss_rel_diff": float(loss_diff)}}
+    return {"ours_ms": round(t_ours * 1e3, 3), "dtensor_ms": round(t_torch * 1e3, 3),
+            "ratio": round(t_ours / t_torch, 3), "first_loss_rel_diff": float(loss_diff)}
 
 
 def main() -> None:
