@@ -15,8 +15,9 @@ A call is *planned*, then *executed*:
   counters for the inputs a plan writes, records grad nodes and tells recorders
   (:func:`disttensor.jit.record`) what ran.
 
-The eager interpreter has a fast path for plans that are a single kernel instruction; it does
-exactly what interpreting that instruction does.
+A plan runs only as its compiled form (``Plan.fn``, :func:`disttensor.plan.compile_plan`): one
+generated straight-line function per plan, the same pieces a captured program's step is
+generated from.
 """
 from __future__ import annotations
 
@@ -29,27 +30,14 @@ from spmd_rules import DistAttr
 
 from .distributed.dist_tensor import DistTensor
 from .distributed.planner import describe_inputs, plan_call
-from .plan import CallRecord, Instr, OutSpec, Plan
+from .plan import CallRecord, Instr, OutSpec, Plan, as_array
 from .schema import DENSE_CTX, OPS, OpDef
 from .tape import _GradMode, record, set_grad_enabled
 from .tensor import DenseTensor, Holder, Tensor
 
-__all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "add_recorder",
-           "remove_recorder", "add_write_watcher", "remove_write_watcher", "host_read", "wrap_array",
-           "note_undo", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place",
-           "dense_plan", "set_amp_policy"]
-
-#: callbacks ``f(CallRecord)`` told about every executed call (see disttensor.jit.record)
-_recorders: list[Callable[[CallRecord], None]] = []
-#: callbacks ``f(plan, inputs)`` told before a plan writes into its inputs' buffers (capture
-#: uses it to undo a failed capture)
-_watchers: list[Callable] = []
-
-
-#: capture installs a guard here: a host read of tensor data (``numpy()``, ``item()``, a tensor
-#: in an ``if``) cannot be part of a captured program
-_host_read_guard: list[Callable[[str], None]] = []
-
+__all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "Observer", "add_observer",
+           "remove_observer", "host_read", "wrap_array", "note_undo", "plan_cache_info",
+           "clear_plan_cache", "xp_of", "resolve_place", "dense_plan", "set_amp_policy"]
 
 #: the autocast policy ``f(op, inputs, attrs) -> inputs`` while a ``dt.amp.auto_cast`` block
 #: runs (:mod:`disttensor.amp`): the inputs the op runs on, cast by ordinary ``cast`` calls, or
@@ -64,38 +52,59 @@ def set_amp_policy(policy: Callable | None) -> Callable | None:
     return prev
 
 
-#: capture installs a list here: objects that create lasting state lazily (an optimizer's
-#: moments) note how to forget it, so a failed capture leaves them as they were
-_undo_log: list[list[Callable[[], None]]] = []
+class Observer:
+    """What the seam tells an observer (:func:`add_observer`); each method does nothing
+    unless overridden. :func:`disttensor.jit.record` and ``to_static``'s capture are
+    observers."""
+
+    #: whether :meth:`on_host_read` refuses every host read (a capture does): code that would
+    #: read a value on the host asks :func:`host_reads_refused` and takes another path
+    refuses_host_reads: bool = False
+
+    def on_call(self, record: CallRecord) -> None:
+        """A call ran (after its outputs exist)."""
+
+    def before_write(self, plan: Plan, inputs: tuple) -> None:
+        """``plan`` is about to write into the buffers of ``inputs[i]`` for i in
+        ``plan.writes``."""
+
+    def on_host_read(self, what: str) -> None:
+        """Tensor data is about to be copied to Python (``numpy()``, ``item()``, ...); may
+        raise to refuse it."""
+
+    def on_lasting_state(self, undo: Callable[[], None]) -> None:
+        """An object created state that outlives the call lazily (an optimizer's moments);
+        ``undo`` forgets it."""
+
+
+#: the observers told about every call, write, host read and lasting state
+_observers: list[Observer] = []
+
+
+def add_observer(obs: Observer) -> None:
+    _observers.append(obs)
+
+
+def remove_observer(obs: Observer) -> None:
+    _observers.remove(obs)
 
 
 def note_undo(fn: Callable[[], None]) -> None:
-    """Inside a capture, remember ``fn`` to run if the capture fails (no-op otherwise)."""
-    for log in _undo_log:
-        log.append(fn)
+    """Tell the observers that lasting state was made, which ``fn`` forgets."""
+    for obs in list(_observers):
+        obs.on_lasting_state(fn)
 
 
 def host_read(what: str) -> None:
     """Called before tensor data is copied to Python (``Tensor.numpy()`` and what builds on
-    it); raises inside a capture."""
-    for guard in _host_read_guard:
-        guard(what)
+    it); an observer may refuse it (a capture raises)."""
+    for obs in list(_observers):
+        obs.on_host_read(what)
 
 
-def add_recorder(fn: Callable[[CallRecord], None]) -> None:
-    _recorders.append(fn)
-
-
-def remove_recorder(fn: Callable[[CallRecord], None]) -> None:
-    _recorders.remove(fn)
-
-
-def add_write_watcher(fn: Callable) -> None:
-    _watchers.append(fn)
-
-
-def remove_write_watcher(fn: Callable) -> None:
-    _watchers.remove(fn)
+def host_reads_refused() -> bool:
+    """Whether an observer refuses host reads now (a capture is running)."""
+    return any(obs.refuses_host_reads for obs in _observers)
 
 
 def xp_of(arr):
@@ -123,9 +132,8 @@ def resolve_place(place: str | None):
 # -- dense plans -----------------------------------------------------------------------------
 
 def dense_plan(op: OpDef, n_in: int, view: bool = True, inplace: tuple | None = None) -> Plan:
-    """The cached plan of a dense call: the kernel taking the call's attrs (its instructions'
-    functions are ``fn(xp, attrs, *arrays)``); an inplace call stores the result into the
-    target, or has an ``out=`` kernel write it there."""
+    """The cached plan of a dense call: the kernel taking the call's attrs; an inplace call
+    stores the result into the target, or has an ``out=`` kernel write it there."""
     key = (n_in, view, inplace)
     plan = op.plans.get(key)
     if plan is not None:
@@ -135,15 +143,16 @@ def dense_plan(op: OpDef, n_in: int, view: bool = True, inplace: tuple | None = 
     mutated = dict((o, i) for i, o in op.mutates)
     writes = set(mutated.values())
     args = tuple(range(n_in))
+    ctx = DENSE_CTX if op.needs_ctx else None
     if inplace is not None and op.accepts_out and n_out == 1:
         ti = inplace[0]
-        instrs = (Instr("kernel", _dense_kernel_out(op, ti), args, (ti,), writes=(ti,),
+        instrs = (Instr("kernel", op.kernel, args, (ti,), writes=(ti,), ctx=ctx, out_arg=ti,
                         label=f"{op.name} (out=input {ti})"),)
         outs = (ti,)
         writes.add(ti)
     else:
-        instrs = (Instr("kernel", _dense_kernel(op), args, outs,
-                        writes=tuple(sorted(writes)), label=op.name),)
+        instrs = (Instr("kernel", op.kernel, args, outs, writes=tuple(sorted(writes)), ctx=ctx,
+                        label=op.name, accepts_out=op.accepts_out),)
         if inplace is not None:
             ti, to = inplace
             instrs += (Instr("store", _store_checked(op, ti), (outs[to],), (), writes=(ti,),
@@ -161,25 +170,6 @@ def dense_plan(op: OpDef, n_in: int, view: bool = True, inplace: tuple | None = 
     plan = op.plans[key] = Plan(op, "dense", n_in, instrs, tuple(specs),
                                 writes=tuple(sorted(writes)))
     return plan
-
-
-def _dense_kernel(op: OpDef):
-    kernel = op.kernel
-    if op.needs_ctx:
-        def fn(xp, attrs, *arrays):
-            return kernel(xp, *arrays, ctx=DENSE_CTX, **attrs)
-    else:
-        def fn(xp, attrs, *arrays):
-            return kernel(xp, *arrays, **attrs)
-    return fn
-
-
-def _dense_kernel_out(op: OpDef, target: int):
-    kernel = op.kernel
-
-    def fn(xp, attrs, *arrays):
-        return kernel(xp, *arrays, out=arrays[target], **attrs)
-    return fn
 
 
 def _store_checked(op: OpDef, target: int):
@@ -269,16 +259,21 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
             return inputs
     arrays = []
     first = None
+    dist = False
     for t in inputs:
         if t is None:
             arrays.append(None)
             continue
         v = t._value
-        if type(v) is not DenseTensor:
-            return _apply_dist(op, inputs, attrs)
+        if type(v) is DenseTensor:
+            a = v.array
+        else:
+            a, dist = v.local.array, True
         if first is None:
-            first = v.array
-        arrays.append(v.array)
+            first = a
+        arrays.append(a)
+    if dist:
+        return _execute(_dist_plan(op, inputs, attrs, None), inputs, arrays, first, attrs)
     if op.strict_dtypes:  # the dtype rule may refuse a mix of dtypes (one dtype never is)
         d0 = first.dtype if first is not None else None
         for a in arrays:
@@ -292,63 +287,7 @@ def apply(op: OpDef, inputs: tuple, attrs: dict) -> Any:
                           if op.view_if is not None and first is not None else True)
         if op.view_if is None:
             op.plan0 = plan
-    if not plan.fast or first is None:
-        return run(plan, inputs, attrs)
-    xp = np if type(first) is np.ndarray else xp_of(first)
-    res = op.kernel(xp, *arrays, ctx=DENSE_CTX, **attrs) if op.needs_ctx else \
-        op.kernel(xp, *arrays, **attrs)
-    if type(res) is not np.ndarray and isinstance(res, np.generic):
-        res = np.asarray(res)
-    src = plan.view0
-    if src is None:
-        out = Tensor(DenseTensor(res))
-    else:
-        out = Tensor(DenseTensor(res, inputs[src]._value.holder))
-        out._is_view = True
-    return _finish(op, plan, attrs, inputs, out, xp)
-
-
-def _finish(op: OpDef, plan: Plan, attrs: dict, inputs: tuple, out: Tensor, xp) -> Tensor:
-    """The fast paths' epilogue: tell recorders, record the grad node."""
-    if _recorders:
-        _tell(plan, attrs, inputs, (out,), xp)
-    if _GradMode.enabled and op.backward is not None:
-        for t in inputs:
-            if t is not None and not t.stop_gradient:
-                record(op, attrs, inputs, (out,))
-                break
-    return out
-
-
-def _apply_dist(op: OpDef, inputs: tuple, attrs: dict) -> Any:
-    """A call with a distributed input; a plan that is one single-output kernel instruction
-    writing nothing runs on the fast path (exactly what interpreting it does)."""
-    plan = _dist_plan(op, inputs, attrs, None)
-    if not plan.fast:
-        return run(plan, inputs, attrs)
-    arrays = []
-    for t in inputs:
-        if t is None:
-            arrays.append(None)
-        else:
-            v = t._value
-            arrays.append(v.local.array if type(v) is DistTensor else v.array)
-    first = arrays[0] if arrays[0] is not None else next(a for a in arrays if a is not None)
-    xp = np if type(first) is np.ndarray else xp_of(first)
-    res = plan.kernel.fn(xp, *arrays)
-    if type(res) is not np.ndarray and isinstance(res, np.generic):
-        res = np.asarray(res)
-    spec = plan.outputs[0]
-    src = plan.view0
-    if src is None:
-        dense = DenseTensor(res)
-    else:
-        v = inputs[src]._value
-        dense = DenseTensor(res, (v.local if type(v) is DistTensor else v).holder)
-    out = Tensor(DistTensor(dense, plan.mesh, spec.dist_attr, spec.shape))
-    if src is not None:
-        out._is_view = True
-    return _finish(op, plan, attrs, inputs, out, xp)
+    return _execute(plan, inputs, arrays, first, attrs)
 
 
 def check_inplace_target(op: OpDef, x: Tensor) -> None:
@@ -397,56 +336,90 @@ def run(plan: Plan, inputs: tuple, attrs: dict, needs_grad: bool | None = None,
 
     ``inplace`` (an ``op_`` call): the target output is the input tensor itself and its grad
     node is re-pointed; ``needs_grad`` overrides the decision to record a grad node."""
+    arrays = [None if t is None else t._local_dense().array for t in inputs]
+    first = next((a for a in arrays if a is not None), None)
+    return _execute(plan, inputs, arrays, first, attrs, needs_grad, inplace)
+
+
+def _execute(plan: Plan, inputs: tuple, arrays: list, first, attrs: dict,
+             needs_grad: bool | None = None, inplace: tuple | None = None) -> Any:
+    """:func:`run` given the inputs' local arrays (``first``: the first present one): the
+    compiled plan, version bumps, output Tensors, the grad node, the observers."""
     op = plan.op
-    slots: list = [None] * plan.n_slots
-    holders: dict = {}
-    xp = None
-    grad_in = False  # an input needs grad
-    for i, t in enumerate(inputs):
-        if t is not None:
-            v = t._value
-            d = v if type(v) is DenseTensor else v.local
-            a = slots[i] = d.array
-            holders[i] = d.holder
-            if xp is None:
-                xp = np if type(a) is np.ndarray else xp_of(a)
-            if not t.stop_gradient:
-                grad_in = True
     dev = None
-    if xp is None:  # a creation op: its place attr picks the array module and device
+    if first is not None:
+        xp = np if type(first) is np.ndarray else xp_of(first)
+    else:  # a creation op: its place attr picks the array module and device
         xp, dev = resolve_place(attrs.get("place"))
+    if needs_grad is None:
+        needs_grad = False
+        if _GradMode.enabled and op.backward is not None:
+            for t in inputs:
+                if t is not None and not t.stop_gradient:
+                    needs_grad = True
+                    break
+    node = None
     if inplace is not None:
         _check_inplace_dtype(op, plan, inputs, attrs, inplace)
-    node = None
-    if needs_grad is None:
-        needs_grad = grad_in and _GradMode.enabled and op.backward is not None
-    if inplace is not None and needs_grad:
-        # recorded before the write, so saved inputs carry their old version
-        node = record(op, attrs, inputs, [None] * len(plan.outputs))
-        if inplace[0] in op.save_inputs:
-            _save_old_target(node, op, inputs, inplace[0])
-    if _watchers and plan.writes:
-        for fn in list(_watchers):
-            fn(plan, inputs)
+        if needs_grad:
+            # recorded before the write, so saved inputs carry their old version
+            node = record(op, attrs, inputs, [None] * len(plan.outputs))
+            if inplace[0] in op.save_inputs:
+                _save_old_target(node, op, inputs, inplace[0])
+    if _observers and plan.writes:
+        for obs in list(_observers):
+            obs.before_write(plan, inputs)
     if dev is None:
-        _interpret(plan, slots, attrs, xp)
+        slots = plan.fn(xp, attrs, *arrays)
     else:
         with xp.cuda.Device(dev):
-            _interpret(plan, slots, attrs, xp)
+            slots = plan.fn(xp, attrs, *arrays)
     for i in plan.writes:
-        holders[i].version += 1
-    outs = _wrap(plan, slots, holders, inputs)
+        inputs[i]._local_dense().holder.version += 1
+    spec = plan.single
+    if spec is not None:  # one fresh output (most calls): _wrap without its loop
+        arr = slots[spec.slot]
+        if type(arr) is not np.ndarray:
+            arr = as_array(arr)
+        src = spec.view_of
+        if src is None:
+            dense = DenseTensor(arr)
+        else:
+            dense = DenseTensor(arr, _view_holder(src, slots, inputs, {}))
+        out = Tensor(dense) if plan.kind == "dense" else \
+            Tensor(DistTensor(dense, plan.mesh, spec.dist_attr, spec.shape))
+        if src is not None:
+            out._is_view = True
+        outs = (out,)
+    else:
+        outs = _wrap(plan, slots, inputs)
+    consumed = _consumed(plan, inputs, slots) if needs_grad and plan.consumed else None
     if inplace is not None:
         x = inputs[inplace[0]]
         if node is not None:
+            for i, t in (consumed or {}).items():
+                node.save(t, at=op.save_inputs.index(i))
             if inplace[1] in op.save_outputs:
                 node.save(x)
             x._node, x._slot, x.stop_gradient = node, inplace[1], False
     elif needs_grad:
-        record(op, attrs, inputs, outs)
-    if _recorders:
-        _tell(plan, attrs, inputs, tuple(outs), xp, slots)
+        record(op, attrs, inputs, outs, consumed)
+    if _observers:
+        _tell(plan, attrs, inputs, tuple(outs), xp, slots, consumed)
     return outs[0] if len(outs) == 1 and op.n_out == 1 else tuple(outs)
+
+
+def _consumed(plan: Plan, inputs: tuple, slots: tuple) -> dict:
+    """The resharded inputs the kernel read and the op saves for backward, as Tensors over
+    their slots (sharing the input's holder: an inplace write to the input still invalidates
+    them, as it would the input)."""
+    saved = {}
+    for i, slot, attr in plan.consumed:
+        if i in plan.op.save_inputs:
+            t = inputs[i]
+            dense = DenseTensor(slots[slot], t._local_dense().holder)
+            saved[i] = Tensor(DistTensor(dense, plan.mesh, attr, t._value.shape))
+    return saved
 
 
 def _save_old_target(node, op: OpDef, inputs: tuple, ti: int) -> None:
@@ -474,36 +447,7 @@ def _check_inplace_dtype(op: OpDef, plan: Plan, inputs: tuple, attrs: dict, pair
                         f"desired output type {target.name} of the tensor modified inplace")
 
 
-def _interpret(plan: Plan, slots: list, attrs: dict, xp) -> None:
-    """Run the plan's instructions over ``slots`` (dense plans' kernels take the call's
-    attrs)."""
-    dense = plan.kind == "dense"
-    for ins in plan.instrs:
-        kind = ins.kind
-        if kind == "kernel":
-            args = [slots[i] for i in ins.ins]
-            res = ins.fn(xp, attrs, *args) if dense else ins.fn(xp, *args)
-            _assign(slots, ins.outs, res)
-        elif kind in ("collective", "local"):
-            slots[ins.outs[0]] = ins.fn(slots[ins.ins[0]])
-        elif kind == "store":
-            ins.fn(slots[ins.writes[0]], slots[ins.ins[0]])
-        else:  # empty
-            _assign(slots, ins.outs, ins.fn(xp, *[slots[i] for i in ins.ins]))
-
-
-def _assign(slots: list, outs: tuple, res) -> None:
-    if len(outs) == 1 and not isinstance(res, tuple):
-        slots[outs[0]] = res
-        return
-    if len(res) != len(outs):  # a variable output count (split)
-        slots.extend([None] * (outs[0] + len(res) - len(slots)))
-        outs = tuple(range(outs[0], outs[0] + len(res)))
-    for s, r in zip(outs, res):
-        slots[s] = r
-
-
-def _wrap(plan: Plan, slots: list, holders: dict, inputs: tuple) -> list:
+def _wrap(plan: Plan, slots: tuple, inputs: tuple) -> list:
     """The output Tensors: fresh holders for new values, shared holders for views, the input
     tensors themselves for inplace and mutated outputs."""
     outs = []
@@ -512,50 +456,58 @@ def _wrap(plan: Plan, slots: list, holders: dict, inputs: tuple) -> list:
         first = specs[0].slot
         specs = [OutSpec(first + k, None, None, view_of=specs[0].view_of)
                  for k in range(len(slots) - first)]
-    dist = plan.kind == "dist"
+    made: dict = {}  # temporaries viewed: one holder each
     for spec in specs:
         if spec.is_input is not None:
             outs.append(inputs[spec.is_input])
             continue
-        arr = slots[spec.slot]
-        if type(arr) is not np.ndarray and isinstance(arr, np.generic):
-            arr = np.asarray(arr)
         src = spec.view_of
-        if src is not None:
-            holder = holders.get(src)
-            if holder is None:
-                holder = holders[src] = Holder(slots[src])
-            dense = DenseTensor(arr, holder)
-        else:
-            dense = DenseTensor(arr)
-        if dist:
-            shape = spec.shape if spec.shape is not None else np.shape(arr)
-            attr = spec.dist_attr
-            if attr is None:  # the fallback rule: replicated outputs
-                attr = DistAttr.replicated(len(shape), plan.mesh.shape)
-            t = Tensor(DistTensor(dense, plan.mesh, attr, shape))
-        else:
-            t = Tensor(dense)
-        if src is not None:
-            t._is_view = True
-        outs.append(t)
+        holder = None if src is None else _view_holder(src, slots, inputs, made)
+        outs.append(_tensor(plan, spec, as_array(slots[spec.slot]), holder))
     return outs
+
+
+def _view_holder(src: int, slots: tuple, inputs: tuple, made: dict) -> Holder:
+    """The holder an output viewing slot ``src`` shares: the input's, or one made for the
+    temporary (a reshard's result) that every view of it shares."""
+    if src < len(inputs):
+        return inputs[src]._local_dense().holder
+    holder = made.get(src)
+    if holder is None:
+        holder = made[src] = Holder(slots[src])
+    return holder
+
+
+def _tensor(plan: Plan, spec: OutSpec, arr, holder: Holder | None) -> Tensor:
+    dense = DenseTensor(arr, holder)
+    if plan.kind == "dist":
+        shape = spec.shape if spec.shape is not None else np.shape(arr)
+        attr = spec.dist_attr
+        if attr is None:  # the fallback rule: replicated outputs
+            attr = DistAttr.replicated(len(shape), plan.mesh.shape)
+        t = Tensor(DistTensor(dense, plan.mesh, attr, shape))
+    else:
+        t = Tensor(dense)
+    if holder is not None:
+        t._is_view = True
+    return t
 
 
 def wrap_array(arr, mesh=None, dist_attr=None, shape=None) -> Tensor:
     """A tensor around an array a replayed program computed (its own holder): dense, or this
     rank's piece of a tensor of global ``shape`` laid out as ``dist_attr`` on ``mesh``."""
-    if type(arr) is not np.ndarray and isinstance(arr, np.generic):
-        arr = np.asarray(arr)
+    arr = as_array(arr)
     if mesh is None:
         return Tensor(DenseTensor(arr))
     return Tensor(DistTensor(DenseTensor(arr), mesh, dist_attr, shape))
 
 
 def _tell(plan: Plan, attrs: dict, inputs: tuple, outs: tuple, xp,
-          slots: list | None = None) -> None:
+          slots: tuple | None = None, consumed: dict | None = None) -> None:
     metas = None if slots is None else [
         (tuple(a.shape), a.dtype) if hasattr(a, "dtype") else None for a in slots]
-    rec = CallRecord(plan, attrs, inputs, outs, xp, metas)
-    for fn in list(_recorders):
-        fn(rec)
+    saved = {slot: consumed[i] for i, slot, _ in plan.consumed if i in consumed} \
+        if consumed else None
+    rec = CallRecord(plan, attrs, inputs, outs, xp, metas, saved)
+    for obs in list(_observers):
+        obs.on_call(rec)

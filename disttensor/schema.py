@@ -260,37 +260,25 @@ AMP_CLASSES: dict[str, str] = {
 }
 
 
-_DECORATE = object()
-
-
-def register(name: str, kernel: Any = _DECORATE, **spec: Any):
-    """Register op ``name`` with the fields of :class:`OpDef` (one call per op).
-
-    Used as ``register(name, kernel, **spec)`` (``kernel`` None for the entry points that plan
-    themselves) or as a decorator ``@register(name, **spec)``.
-    The rule name must be a registered SPMD rule; pairs must name existing inputs/outputs.
-    """
-    def add(k: Callable | None) -> Callable | None:
-        if name in OPS:
-            raise ValueError(f"register: op {name!r} is already registered")
-        rule = spec.get("rule", "replicated")
-        if rule is not None and rule not in RULES:
-            raise ValueError(f"register: op {name!r} names SPMD rule {rule!r}, which does not "
-                             f"exist; known rules: {sorted(RULES)}")
-        n_out = spec.get("n_out", 1)
-        for key in ("inplace", "mutates"):
-            for i, o in spec.get(key, ()):
-                if n_out != -1 and not 0 <= o < n_out:
-                    raise ValueError(f"register: op {name!r}: {key} pair ({i}, {o}) names output "
-                                     f"{o}, but the op has {n_out} output(s)")
-        OPS[name] = OpDef(name=name, kernel=None if k is None else
-                          float32_compute(k, name, spec, spec.get("dtype", promote_dtypes)),
-                          **spec)
-        return k
-    if kernel is _DECORATE:
-        return add
-    add(kernel)
-    return kernel
+def register(name: str, kernel: Callable | None, **spec: Any) -> OpDef:
+    """Register op ``name`` with the fields of :class:`OpDef` (one call per op; ``kernel`` None
+    for the entry points that plan themselves) and return its OpDef.
+    The rule name must be a registered SPMD rule; pairs must name existing inputs/outputs."""
+    if name in OPS:
+        raise ValueError(f"register: op {name!r} is already registered")
+    rule = spec.get("rule", "replicated")
+    if rule is not None and rule not in RULES:
+        raise ValueError(f"register: op {name!r} names SPMD rule {rule!r}, which does not "
+                         f"exist; known rules: {sorted(RULES)}")
+    n_out = spec.get("n_out", 1)
+    for key in ("inplace", "mutates"):
+        for i, o in spec.get(key, ()):
+            if n_out != -1 and not 0 <= o < n_out:
+                raise ValueError(f"register: op {name!r}: {key} pair ({i}, {o}) names output "
+                                 f"{o}, but the op has {n_out} output(s)")
+    op = OPS[name] = OpDef(name=name, kernel=None if kernel is None else float32_compute(
+        kernel, name, spec, spec.get("dtype", promote_dtypes)), **spec)
+    return op
 
 
 # -- public functions and Tensor methods -------------------------------------------------------

@@ -132,8 +132,11 @@ def edge(t: Tensor | None):
     return (t._node, t._slot)
 
 
-def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> GradNode:
-    """Attach a new grad node for ``op`` to ``outputs`` (called by the dispatcher)."""
+def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor],
+           consumed: dict | None = None) -> GradNode:
+    """Attach a new grad node for ``op`` to ``outputs`` (called by the dispatcher).
+    ``consumed`` maps an input index to the value the kernel read in its place (the input
+    resharded): that value is saved for backward instead of the input."""
     edges = []
     shapes = []
     dtypes = []
@@ -154,7 +157,7 @@ def record(op, attrs: dict, inputs: Sequence[Tensor | None], outputs: Sequence[T
             edges.append((t._node, t._slot))
     node = GradNode(op, attrs, tuple(edges), tuple(shapes), len(outputs), tuple(dtypes))
     for i in op.save_inputs:
-        node.save(inputs[i])
+        node.save(consumed.get(i, inputs[i]) if consumed else inputs[i])
     for i in op.save_outputs:
         if outputs[i] is not None:
             node.save(outputs[i])

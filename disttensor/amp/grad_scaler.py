@@ -133,7 +133,7 @@ class GradScaler:
             return
         if id(optimizer) not in self._unscaled:
             self.unscale_(optimizer)
-        if dispatch._host_read_guard:   # capturing: no host read
+        if dispatch.host_reads_refused():   # capturing: no host read
             self._masked_step(optimizer)
         elif not self.found_inf:
             optimizer.step()
@@ -149,11 +149,13 @@ class GradScaler:
                 if id(t) not in old:
                     with no_grad():
                         old[id(t)] = (t, assign(t))
-        dispatch.add_write_watcher(keep)
+        watcher = dispatch.Observer()
+        watcher.before_write = keep
+        dispatch.add_observer(watcher)
         try:
             optimizer.step()
         finally:
-            dispatch.remove_write_watcher(keep)
+            dispatch.remove_observer(watcher)
         with no_grad():
             for t, before in old.values():
                 copy_(t, where(self._finite, t, before))

@@ -40,7 +40,7 @@ import collectives
 from collectives._common import CHECK_COLLECTIVES
 from spmd_rules import ProcessMesh
 
-from ..dispatch import add_write_watcher, remove_write_watcher
+from ..dispatch import Observer, add_observer, remove_observer
 from .dist_tensor import _CANON_IDS, _MESH_IDS, canonical, canonical_mesh
 from .mesh_groups import get_rank, get_world_size, group_over
 
@@ -229,7 +229,7 @@ def note_data_check(group, failure: tuple | None) -> None:
     if v is None:
         if not _PENDING:
             collectives.before_next_collective(flush_data_checks)
-            add_write_watcher(_before_write)
+            add_observer(_FLUSH_BEFORE_WRITE)
         v = _PENDING[key] = _Verdicts(group)
     if failure is not None and v.first is None:
         v.first = (v.count,) + failure
@@ -241,9 +241,15 @@ def pending_data_checks() -> int:
     return sum(v.count for v in _PENDING.values())
 
 
-def _before_write(plan, inputs) -> None:
-    if plan.kind == "dist":
-        flush_data_checks()
+class _FlushBeforeWrite(Observer):
+    """Agrees on the pending checks before a distributed plan writes into a tensor."""
+
+    def before_write(self, plan, inputs) -> None:
+        if plan.kind == "dist":
+            flush_data_checks()
+
+
+_FLUSH_BEFORE_WRITE = _FlushBeforeWrite()
 
 
 def _message(failures: list) -> str:
@@ -266,7 +272,7 @@ def flush_data_checks() -> None:
     pending = [_PENDING[k] for k in sorted(_PENDING)]
     _PENDING.clear()
     collectives.cancel_before_next_collective(flush_data_checks)
-    remove_write_watcher(_before_write)
+    remove_observer(_FLUSH_BEFORE_WRITE)
     errors = []
     for v in pending:
         flag = np.array([v.first is not None], dtype=np.int64)

@@ -142,8 +142,7 @@ def reshard_instrs(plan, dtype, src: int, next_slot: int) -> tuple[list[Instr], 
     cur = src
     for step in prepare(plan, np.dtype(dtype)):
         instrs.append(Instr(step.kind, step.fn, (cur,), (next_slot,), label=step.label,
-                            nbytes=step.nbytes, accepts_out=step.accepts_out,
-                            grows=step.grows))
+                            nbytes=step.nbytes, accepts_out=step.accepts_out))
         cur, next_slot = next_slot, next_slot + 1
     return instrs, cur, next_slot
 
@@ -251,8 +250,10 @@ def plan_call(op: OpDef, inputs: tuple, attrs: dict, mesh: ProcessMesh,
                                view_of=view_of, is_input=is_input))
     writes_in = tuple(sorted({i for i, _ in op.mutates} | (
         {inplace[0]} if inplace is not None else set())))
+    consumed = tuple((i, arg[i], req_metas[i].dist_attr) for i in range(n_in)
+                     if arg[i] != i and i not in writes_in)
     return Plan(op, "dist", n_in, tuple(instrs), tuple(outputs), writes=writes_in, mesh=mesh,
-                in_layouts=layouts)
+                in_layouts=layouts, consumed=consumed)
 
 
 def _is_view(op: OpDef, layout, attrs) -> bool:
@@ -263,34 +264,14 @@ def _is_view(op: OpDef, layout, attrs) -> bool:
 
 def _kernel_instr(op: OpDef, local: dict, ctx, args: tuple, outs: tuple, writes: tuple,
                   direct_out: int | None) -> Instr:
-    kernel = op.kernel
-    collectives = tuple(ctx.collectives()) if ctx is not None else ()
-    kwargs = None
-    if direct_out is not None:
-        fn = _bind_out(kernel, local, ctx, args.index(direct_out) if direct_out in args else 0)
-    elif ctx is not None:
-        kwargs = {**local, "ctx": ctx}
-
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, ctx=ctx, **local)
-    else:
-        kwargs = local
-
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, **local)
-    return Instr("kernel", fn, args, outs, writes=writes, label=op.name,
-                 collectives=collectives, kwargs=kwargs)
-
-
-def _bind_out(kernel, local: dict, ctx, target: int):
-    """The kernel writing its result into argument ``target``'s buffer (``out=``)."""
-    if ctx is not None:
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, out=arrays[target], ctx=ctx, **local)
-    else:
-        def fn(xp, *arrays):
-            return kernel(xp, *arrays, out=arrays[target], **local)
-    return fn
+    """The kernel on the argument slots with its local attrs and context; ``direct_out``: the
+    slot it writes its result into (``out=``)."""
+    out_arg = None if direct_out is None else \
+        (args.index(direct_out) if direct_out in args else 0)
+    return Instr("kernel", op.kernel, args, outs, writes=writes, kwargs=local, ctx=ctx,
+                 out_arg=out_arg, label=op.name,
+                 collectives=tuple(ctx.collectives()) if ctx is not None else (),
+                 accepts_out=op.accepts_out and not writes)
 
 
 def _store_back(t, own_meta, src_meta, src_slot: int, dst_slot: int, mesh: ProcessMesh, dtype,

@@ -66,8 +66,11 @@ def _describe_sig(sig: tuple) -> str:
     return ", ".join(str(s) for s in sig)
 
 
-class _Capture:
-    """The recorder, write watcher and host-read guard of one capture, and its undo log."""
+class _Capture(dispatch.Observer):
+    """The observer of one capture: its records, the buffers and gradients to restore, the
+    host-read guard and the undo log."""
+
+    refuses_host_reads = True
 
     def __init__(self, name: str):
         self.name = name
@@ -80,7 +83,7 @@ class _Capture:
         self.gen_state = default_generator.rng.bit_generator.state
         self.undo_log: list = []             # what lazily created state says to forget
 
-    def record(self, rec) -> None:
+    def on_call(self, rec) -> None:
         if in_backward():
             phase, self.backward_seen = "backward", True
         else:
@@ -104,7 +107,7 @@ class _Capture:
             if id(t) not in self.grads:
                 self.grads[id(t)] = (t, t.grad)
 
-    def host_read(self, what: str) -> None:
+    def on_host_read(self, what: str) -> None:
         last = self.records[-1].op if self.records else None
         where = f" (after op #{len(self.records) - 1} {last})" if last else ""
         raise CaptureError(
@@ -112,6 +115,9 @@ class _Capture:
             "to Python (also behind item(), float(), bool() and `if tensor:`) is not part of a "
             "program, so Python control flow on tensor values cannot be captured; return the "
             "tensor from the step and read it outside")
+
+    def on_lasting_state(self, undo) -> None:
+        self.undo_log.append(undo)
 
     def undo(self) -> None:
         """Put back what the failed capture changed in objects that existed before it."""
@@ -125,17 +131,11 @@ class _Capture:
         default_generator.rng.bit_generator.state = self.gen_state
 
     def __enter__(self):
-        dispatch.add_recorder(self.record)
-        dispatch.add_write_watcher(self.before_write)
-        dispatch._host_read_guard.append(self.host_read)
-        dispatch._undo_log.append(self.undo_log)
+        dispatch.add_observer(self)
         return self
 
     def __exit__(self, *exc):
-        dispatch.remove_recorder(self.record)
-        dispatch.remove_write_watcher(self.before_write)
-        dispatch._host_read_guard.remove(self.host_read)
-        dispatch._undo_log.remove(self.undo_log)
+        dispatch.remove_observer(self)
         return False
 
 

@@ -25,13 +25,13 @@ contexts bound, collectives with their groups and sizes resolved).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
 
-from ..plan import CallRecord, OutSpec
-from ..schema import DENSE_CTX
+from ..codegen import assign, define
+from ..plan import CallRecord, OutSpec, as_array
 from .buffers import MemoryPlan, plan_buffers, timeline
 from .memory import ALIGN, OverlapError
 from .plot import plot_arena
@@ -88,7 +88,6 @@ class Step:
     takes_out: bool = False   # fn accepts ``out=`` (a kernel that writes into a given buffer)
     packs: tuple[int, ...] | None = None  # element offsets of ``ins`` in ``outs[0]`` (Instr.packs)
     xp: Any = np  # the array module it runs with (a creation op's place may not be the program's)
-    grows: bool = False  # a reshard step whose result piece may be larger (Instr.grows)
 
 
 @dataclass(slots=True, eq=False)
@@ -351,26 +350,6 @@ def _layout(t):
     return (t._value.mesh, t._value.dist_attr) if t.is_dist() else None
 
 
-def _bind(instr, plan, attrs, xp) -> tuple[Callable, bool]:
-    """The instruction's function with what does not change between replays bound (a kernel
-    directly with its keyword arguments, when it has no ``out=`` target), and whether it
-    accepts ``out=``."""
-    if instr.kind == "kernel":
-        op = plan.op
-        if plan.kind == "dense":
-            if instr.writes and op.accepts_out and instr.outs == instr.writes:  # out= input
-                return partial(instr.fn, xp, attrs), False
-            return partial(op.kernel, xp, **({**attrs, "ctx": DENSE_CTX} if op.needs_ctx
-                                               else attrs)), op.accepts_out
-        if instr.kwargs is not None:
-            return partial(op.kernel, xp, **instr.kwargs), op.accepts_out and not instr.writes
-        return partial(instr.fn, xp), instr.accepts_out
-    if instr.kind == "empty":  # (it returns a tuple of empty pieces)
-        fn = partial(instr.fn, xp)
-        return (_only(fn) if len(instr.outs) == 1 else fn), False
-    return instr.fn, instr.accepts_out
-
-
 def _only(fn: Callable) -> Callable:
     """``fn``'s one result, from the 1-tuple it returns."""
     def call(*args, **kwargs):
@@ -469,7 +448,9 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
             out_regs.append(slot_reg[s])
         scalar = instr.kind == "kernel" and len(outs) == 1 and outs[0] in out_slot and \
             np.ndim(rec.outputs[out_slot[outs[0]]]._local_array()) == 0
-        fn, takes_out = _bind(instr, plan, rec.attrs, rec.xp)  # the module eager ran it with
+        # bound to the array module eager ran it with (a dense kernel: the call's attrs)
+        fn = instr.bind(rec.xp, rec.attrs if plan.kind == "dense" else None)
+        takes_out = instr.accepts_out
         if plan.op.n_out == -1 and instr.kind == "kernel" and len(outs) == 1:
             fn = _only(fn)  # a split into one piece: its kernel returns a 1-tuple
         absent = [k for k, i in enumerate(instr.ins) if i < plan.n_in and rec.inputs[i] is None]
@@ -479,7 +460,13 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
                                                 if k not in absent),
                           tuple(out_regs), tuple(slot_reg[w] for w in instr.writes), scalar,
                           takes_out and len(out_regs) == 1, None if absent else instr.packs,
-                          rec.xp, instr.grows))
+                          rec.xp))
+    for s, t in (rec.saved or {}).items():  # a resharded input saved for backward
+        v = b.p.values[scratch_of[s]]
+        v.shape, _, v.placements, _ = _meta(t)
+        v.layout = _layout(t)
+        b.reg_of[id(t._local_dense())] = slot_reg[s]
+        b.keep.append(t._local_dense())
     outs, inplace, views = [], [], []
     for spec, t in zip(specs, rec.outputs):
         if spec.is_input is not None:
@@ -553,10 +540,6 @@ def _leaves(tree) -> list:
     return [tree]
 
 
-def _asarray(a):
-    return a if type(a) is np.ndarray or not isinstance(a, np.generic) else np.asarray(a)
-
-
 class WriteWatch:
     """The checks :meth:`Program.watch_writes` puts around each replay instruction."""
 
@@ -616,13 +599,12 @@ def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) 
     mp = prog.memory
     offset = 0 if sub is prog.forward or mp is None else \
         sum(len(op.steps) for op in prog.forward.ops)
-    env: dict[str, Any] = {"_asarray": _asarray, "_into": _into, "_watch": watch}
+    env: dict[str, Any] = {"_asarray": as_array, "_into": _into, "_watch": watch}
     # the function takes the registers in a dict and pops the middles, so that its ``del``
     # frees them (the caller keeps no reference)
     popped = {prog.values[v].reg for v in sub.inputs.get("middles", ())}
     keep = set(out_regs) | (set(arg_regs) - popped)
-    lines = [f"def {sub.name}(R):"]
-    lines.extend(f"    r{r} = R.{'pop' if r in popped else '__getitem__'}({r})" for r in arg_regs)
+    lines = [f"r{r} = R.{'pop' if r in popped else '__getitem__'}({r})" for r in arg_regs]
     for k, s in enumerate(steps):
         fname = f"F{k}"
         env[fname] = s.fn
@@ -633,25 +615,24 @@ def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) 
             size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             env[f"B{r}"] = prog.arena[off:off + size].view(dtype).reshape(shape)
         if watch is not None:
-            lines.append(f"    _watch.before({offset + k})")
+            lines.append(f"_watch.before({offset + k})")
+        outs = [f"r{r}" for r in s.outs]
         if s.kind == "store":
-            lines.append(f"    {fname}(r{s.writes[0]}, {args})")
+            lines.append(f"{fname}(r{s.writes[0]}, {args})")
         elif planned and s.takes_out:
-            lines.append(f"    r{s.outs[0]} = {fname}({args}{', ' if args else ''}out=B{s.outs[0]})")
-        elif len(s.outs) == 1:
-            call = f"{fname}({args})"
-            lines.append(f"    r{s.outs[0]} = {'_asarray(' + call + ')' if s.scalar_out else call}")
+            lines.append(assign(outs, f"{fname}({args}{', ' if args else ''}out=B{s.outs[0]})"))
         else:
-            lines.append(f"    {', '.join(f'r{r}' for r in s.outs)}, = {fname}({args})")
+            call = f"{fname}({args})"
+            lines.append(assign(outs, f"_asarray({call})" if s.scalar_out else call))
         if planned and not s.takes_out:
-            lines.extend(f"    r{r} = _into(B{r}, r{r})" for r in planned)
+            lines.extend(f"r{r} = _into(B{r}, r{r})" for r in planned)
         if watch is not None:
-            lines.append(f"    _watch.after({offset + k})")
+            lines.append(f"_watch.after({offset + k})")
         dead = [r for r in dict.fromkeys(s.ins + s.outs + s.writes)
                 if last.get(r) == k and r not in keep]
         if dead:
-            lines.append(f"    del {', '.join(f'r{r}' for r in dead)}")
-    lines.append(f"    return ({''.join(f'r{r}, ' for r in out_regs)})")
-    source = "\n".join(lines)
-    exec(compile(source, f"<disttensor program {prog.name}.{sub.name}>", "exec"), env)
-    sub.fn, sub.source, sub.arg_regs, sub.out_regs = env[sub.name], source, arg_regs, out_regs
+            lines.append(f"del {', '.join(f'r{r}' for r in dead)}")
+    lines.append(f"return ({''.join(f'r{r}, ' for r in out_regs)})")
+    fn, source = define(sub.name, ["R"], lines, env,
+                        f"<disttensor program {prog.name}.{sub.name}>")
+    sub.fn, sub.source, sub.arg_regs, sub.out_regs = fn, source, arg_regs, out_regs

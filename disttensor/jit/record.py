@@ -7,7 +7,7 @@ the call issued (PyTorch users know this as CommDebugMode). Nothing that creates
 mutates a tensor escapes it: every such path passes the dispatcher's one seam."""
 from __future__ import annotations
 
-from ..dispatch import add_recorder, remove_recorder
+from ..dispatch import Observer, add_observer, remove_observer
 from ..plan import CallRecord
 
 __all__ = ["record", "Recording"]
@@ -24,19 +24,19 @@ class Recording(list):
         return "\n".join(f"{i:4d}  {c}" for i, c in enumerate(self))
 
 
-class record:
+class record(Observer):
     """Context manager collecting the :class:`CallRecord` of every call made inside it."""
 
     def __init__(self) -> None:
         self.calls = Recording()
 
-    def _add(self, call: CallRecord) -> None:
+    def on_call(self, call: CallRecord) -> None:
         self.calls.append(call)
 
     def __enter__(self) -> Recording:
-        add_recorder(self._add)
+        add_observer(self)
         return self.calls
 
     def __exit__(self, *exc) -> bool:
-        remove_recorder(self._add)
+        remove_observer(self)
         return False

@@ -19,9 +19,9 @@ middles is pointed at the copies; the forward's values then die at their last fo
 Groups that would only rebuild an op's non-differentiable side outputs (layer_norm's mean and
 variance) are not worth it and are skipped.
 
-Before that, :func:`_share_reshards` lets a backward op read what a forward op's reshard step
-made of the same value, instead of resharding it again (a layer_norm of a Partial input
-all-reduces it in the forward and, for its gradient, again in the backward).
+A backward op never reshards a forward value again: autograd saves the value an op's kernel
+read (a layer_norm of a Partial input saves the all-reduced input), so the gradient reads the
+forward's reshard result, which a recomputed kernel then runs from.
 
 In a GPT block the weight gradients read ``reshape(gelu(u))`` and ``reshape(layer_norm(x))``
 long before ``gelu``'s and ``layer_norm``'s own gradients read ``u`` and ``x``: recomputing them
@@ -48,7 +48,6 @@ DEPTH = 3
 def rematerialize(prog: "Program") -> list[tuple[int, int]]:
     """Insert the recomputations into ``prog.ops`` (before :meth:`Program.split`); returns the
     ``(forward value, recomputed value)`` pairs of the middles now read from copies."""
-    _share_reshards(prog)
     a = _Analysis(prog)
     groups = a.groups()
     if not groups:
@@ -192,67 +191,6 @@ def _kernel_inputs(prog: "Program", op: "ProgramOp") -> tuple:
         return op.ins
     at = {prog.values[v].reg: v for v in op.ins + op.scratch if v is not None}
     return tuple(at[r] for r in op.steps[-1].ins)
-
-
-def _share_reshards(prog: "Program") -> None:
-    """A backward op that reshards a forward value by the same prepared collective step as a
-    forward op did (a layer_norm's all-reduce of its Partial input, again for its gradient)
-    reads the forward's result instead, when every backward read of that value is such a step
-    and the step does not gather (``Step.grows``, known from the plan, so every rank decides
-    alike and issues the same collectives; local sizes differ between ranks under uneven
-    sharding). The same collective on the same bytes gives the same bytes: the backward keeps
-    the result in place of the value and does not communicate again, and the forward op's
-    kernel can then be recomputed from it."""
-    ops = prog.ops
-    per_reg = Counter(v.reg for v in prog.values)
-    made: dict[tuple, int] = {}              # (step fn, input value) -> forward scratch value
-    for op in ops:
-        if op.phase == "forward":
-            for s, v, out in _reshard_steps(prog, op):
-                made.setdefault((s.fn, v), out)
-    found: dict[int, list[tuple[int, int, int]]] = {}   # value -> (op position, step's
-    # result register, forward result value)
-    readers: dict[int, set[int]] = {}        # forward value -> backward ops reading it
-    for k, op in enumerate(ops):
-        if op.phase == "forward":
-            continue
-        for v in op.ins:
-            if v is not None:
-                readers.setdefault(v, set()).add(k)
-        for s, v, _ in _reshard_steps(prog, op):
-            u = made.get((s.fn, v))
-            if u is not None and not s.grows and \
-                    per_reg[prog.values[v].reg] == 1 and \
-                    sum(prog.values[v].reg in t.ins for t in op.steps) == 1 and \
-                    all(v not in pair for pair in op.inplace + op.views):
-                found.setdefault(v, []).append((k, s.outs[0], u))
-    for v, sites in found.items():
-        if {k for k, _, _ in sites} != readers.get(v) or len(sites) != len(readers[v]):
-            continue
-        for k, r, u in sites:
-            op = ops[k]
-            j = next(j for j, s in enumerate(op.steps) if s.outs == (r,))
-            swap = {r: prog.values[u].reg}
-            steps = tuple(replace(s, ins=tuple(swap.get(x, x) for x in s.ins))
-                          for s in op.steps[:j] + op.steps[j + 1:])
-            c = sum(s.kind == "collective" for s in op.steps[:j])  # its label's position
-            coll = op.collectives[:c] + op.collectives[c + 1:] \
-                if op.steps[j].kind == "collective" else op.collectives
-            ops[k] = replace(op, steps=steps, ins=tuple(u if x == v else x for x in op.ins),
-                             scratch=tuple(x for x in op.scratch if prog.values[x].reg != r),
-                             collectives=coll, attrs=(op.attrs + ", " if op.attrs else "")
-                             + f"reads #{prog.values[u].producer}'s reshard")
-
-
-def _reshard_steps(prog: "Program", op: "ProgramOp") -> list:
-    """(step, input value, result value) of the op's collective steps that read one of its
-    inputs directly and make a scratch value no later step of the op writes."""
-    regs = {prog.values[v].reg: v for v in op.ins if v is not None}
-    scratch = {prog.values[v].reg: v for v in op.scratch}
-    written = {r for s in op.steps for r in s.writes}
-    return [(s, regs[s.ins[0]], scratch[s.outs[0]]) for s in op.steps
-            if s.kind == "collective" and len(s.ins) == len(s.outs) == 1 and not s.writes
-            and s.ins[0] in regs and s.outs[0] in scratch and s.outs[0] not in written]
 
 
 def _clone_op(prog: "Program", op: "ProgramOp", copies: dict[int, int], index: int

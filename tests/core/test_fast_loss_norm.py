@@ -14,7 +14,6 @@ import pytest
 
 import disttensor as dt
 import disttensor.nn.functional as F
-from disttensor import dispatch
 from disttensor.ops import fast
 from disttensor.ops import loss as loss_mod
 from disttensor.schema import DENSE_CTX, OPS
@@ -163,15 +162,10 @@ def test_f_cross_entropy_mean_is_one_op_with_the_numpy_value_and_gradient():
     rng = np.random.default_rng(4)
     xg = rng.standard_normal((6, 5))
     lab = labels(rng, (6, 5), 5)
-    ops = []
-    rec = (lambda r: ops.append(r.plan.op.name))
     x, label = dt.to_tensor(xg, stop_gradient=False), dt.to_tensor(lab)
-    dispatch.add_recorder(rec)
-    try:
+    with dt.jit.record() as calls:
         loss = F.cross_entropy(x, label)
-    finally:
-        dispatch.remove_recorder(rec)
-    assert ops == ["cross_entropy_mean"]
+    assert [c.op for c in calls] == ["cross_entropy_mean"]
     sm, ref, count = ce_ref(xg, lab)
     np.testing.assert_allclose(float(loss.numpy()), ref, rtol=1e-12)
     loss.backward()

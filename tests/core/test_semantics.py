@@ -376,20 +376,15 @@ def test_set_value_loads_a_parameter_outside_autograd():
 def test_numpy_of_a_replicated_distributed_tensor_is_a_fresh_copy():
     """A replicated piece is the global value: numpy() copies it, with no reshard (which
     would record an op); Partial and sharded tensors still go through reshard."""
-    from disttensor import dispatch
     mesh = dt.ProcessMesh([0], dim_names=["x"])
     a = np.arange(6.0).reshape(2, 3)
     x = dt.shard_tensor(a, mesh, [dt.Replicate()])
     p = dt.dtensor_from_local(a, mesh, [dt.Partial()])
-    calls = []
-    dispatch.add_recorder(calls.append)
-    try:
+    with dt.jit.record() as calls:
         out = x.numpy()
         assert calls == []
         np.testing.assert_array_equal(p.numpy(), a)
         assert [c.op for c in calls] == ["reshard"]
-    finally:
-        dispatch.remove_recorder(calls.append)
     np.testing.assert_array_equal(out, a)
     out[...] = -1
     np.testing.assert_array_equal(x.numpy(), a)   # the copy, not the tensor's buffer

@@ -13,7 +13,7 @@ import pytest
 
 import collectives
 import disttensor as dt
-from disttensor import dispatch, grad_sync
+from disttensor import grad_sync
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 import train  # noqa: E402
@@ -41,11 +41,10 @@ def _step(bucket_bytes: int, mesh, overlap: bool = True, order: list | None = No
         for k in range(3):
             x, y = train.to_tensors(*batches[k], mesh)
             loss = dt.nn.functional.cross_entropy(model(x), y)
-            dispatch.add_recorder(rec)
-            try:
+            with dt.jit.record() as calls:
                 loss.backward()
-            finally:
-                dispatch.remove_recorder(rec)
+            for r in calls:
+                rec(r)
             if grads is None:
                 grads = [p.grad.numpy() for p in model.parameters()]
                 n_sync = len(sync)
@@ -168,13 +167,14 @@ def test_leaf_read_twice_and_root_leaf_get_their_whole_gradient(comm, bucket_byt
         if r.op == "grad_bucket_start":
             starts.append(len(r.inputs))
     grad_sync.set_bucket_bytes(bucket_bytes)
-    dispatch.add_recorder(rec)
     try:
-        loss = ((dt.matmul(dt.matmul(x, w), w) + b) * c).sum()
-        dt.autograd.backward([loss, b], [None, dt.shard_tensor(np.ones(3), mesh,
-                                                                [dt.Replicate()])])
+        with dt.jit.record() as calls:
+            loss = ((dt.matmul(dt.matmul(x, w), w) + b) * c).sum()
+            dt.autograd.backward([loss, b], [None, dt.shard_tensor(np.ones(3), mesh,
+                                                                    [dt.Replicate()])])
+        for r in calls:
+            rec(r)
     finally:
-        dispatch.remove_recorder(rec)
         grad_sync.set_bucket_bytes(25 * 2 ** 20)
     if world > 1:  # each gradient synced once, when final
         assert sum(starts) <= 2 and (bucket_bytes > 1 or max(starts) == 1), starts
