@@ -26,6 +26,7 @@ from .placement import ReduceType
 from .redistribute import reshard_cost
 
 __all__ = ["conv_out_size", "pool_out_size", "conv2d", "conv2d_grad", "pool2d", "pool2d_grad",
+           "conv_transpose_out_size", "conv2d_transpose", "conv2d_transpose_grad",
            "pad", "pad_grad", "pool2d_out_hw", "Window", "halo_plan", "HaloPlan",
            "merge_spatial"]
 
@@ -133,6 +134,91 @@ def conv2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
                        TensorMeta(w.shape, layout(wn, merged, mesh, dw_partial))))
 
 
+
+def conv_transpose_out_size(n: int, k: int, stride: int, pad0: int, pad1: int, dilation: int,
+                            extra: int) -> int:
+    """Output length of a transposed convolution: ``(n - 1) * stride - pad0 - pad1 +
+    dilation * (k - 1) + 1 + extra`` (``extra``: the output padding, below the stride)."""
+    return (n - 1) * stride - pad0 - pad1 + dilation * (k - 1) + 1 + extra
+
+
+def _conv_transpose_out_shape(op: str, x: TensorMeta, w: TensorMeta,
+                              attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    check_ndim(op, "x", x, (4,))
+    check_ndim(op, "weight", w, (4,))
+    n, c, h, wd = x.shape
+    ci, og, kh, kw = w.shape
+    groups = int(attrs.get("groups", 1))
+    if groups <= 0 or c % groups:
+        raise ValueError(f"{op}: groups={groups} must divide the input channels {c} of x "
+                         f"{list(x.shape)}")
+    if ci != c:
+        raise ValueError(f"{op}: x {list(x.shape)} has {c} channels but weight {list(w.shape)} "
+                         f"[in_channels, out_channels / groups, kh, kw] expects {ci}")
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    pt, pb, pl, pr = attrs["padding"]
+    eh, ew = attrs["output_padding"]
+    if not (0 <= eh < sh and 0 <= ew < sw):
+        raise ValueError(f"{op}: output_padding {[eh, ew]} must be non-negative and smaller "
+                         f"than the stride {[sh, sw]}")
+    out = (conv_transpose_out_size(h, kh, sh, pt, pb, dh, eh),
+           conv_transpose_out_size(wd, kw, sw, pl, pr, dw, ew))
+    if min(out) <= 0 or 0 in (h, wd):
+        raise ValueError(f"{op}: output size {list(out)} of x {list(x.shape)}, kernel "
+                         f"{[kh, kw]}, stride {[sh, sw]}, padding {[pt, pb, pl, pr]} is not "
+                         f"positive")
+    return (n, og * groups, *out)
+
+
+def _transpose_notations(attrs: Mapping[str, Any]):
+    """Notations of (x, weight [C, O/groups, kh, kw], out): H and W whole."""
+    grouped = int(attrs.get("groups", 1)) != 1
+    c, o = (None, None) if grouped else ("c", "o")
+    return lambda h, w: [["n", c, None, None], [c, o, None, None], ["n", o, None, None]]
+
+
+def _whole_hw(merged: dict) -> None:
+    """The ``check`` of :func:`merge_spatial` for ops that keep H and W whole."""
+
+
+@register_rule("conv2d_transpose")
+def conv2d_transpose(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]
+                     ) -> SpmdResult:
+    """inputs (x [N, C, H, W], weight [C, O/groups, kh, kw]), attrs stride, padding, dilation,
+    groups, output_padding. The batch and (without groups) both channel axes merge across x
+    and weight at the fewest moved bytes: output channels sharded with the weight's dim 1;
+    mesh dims on the input channels (weight dim 0) make the output Partial(sum). H and W are
+    Replicate; partial inputs are resolved."""
+    op = op_name(attrs, "conv2d_transpose")
+    require(metas, op, 2)
+    x, w = metas
+    mesh = mesh_shape_of(op, metas)
+    out_shape = _conv_transpose_out_shape(op, x, w, attrs)
+    merged, (xn, wn, on) = merge_spatial(metas, _transpose_notations(attrs), _whole_hw, False)
+    partial = [(m, ReduceType.SUM) for m in merged.get("c", ())]
+    return SpmdResult((layout(xn, merged, mesh), layout(wn, merged, mesh)),
+                      (TensorMeta(out_shape, layout(on, merged, mesh, partial)),))
+
+
+@register_rule("conv2d_transpose_grad")
+def conv2d_transpose_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]
+                          ) -> SpmdResult:
+    """inputs (x, weight, dout), attrs as conv2d_transpose. Outputs (dx like x, dweight like
+    weight): dx is Partial(sum) over the mesh dims sharding the output channels, dweight over
+    those sharding the batch."""
+    op = op_name(attrs, "conv2d_transpose_grad")
+    require(metas, op, 3)
+    x, w, dout = metas
+    mesh = mesh_shape_of(op, metas)
+    out_shape = _conv_transpose_out_shape(op, x, w, attrs)
+    if dout.shape != out_shape:
+        raise ValueError(f"{op}: dout has shape {list(dout.shape)}, expected {list(out_shape)}")
+    merged, (xn, wn, on) = merge_spatial(metas, _transpose_notations(attrs), _whole_hw, False)
+    dx_partial = [(m, ReduceType.SUM) for m in merged.get("o", ())]
+    dw_partial = [(m, ReduceType.SUM) for m in merged.get("n", ())]
+    return SpmdResult(tuple(layout(n, merged, mesh) for n in (xn, wn, on)),
+                      (TensorMeta(x.shape, layout(xn, merged, mesh, dx_partial)),
+                       TensorMeta(w.shape, layout(wn, merged, mesh, dw_partial))))
 
 
 def _check_pool_spatial(op, x, attrs, out_hw, merged) -> None:
