@@ -1,5 +1,7 @@
 """Convolution (Paddle ``F.conv1d`` / ``F.conv2d``): im2col through a strided window view and
-one batched GEMM over the groups, written once against ``xp`` (numpy or cupy).
+one batched GEMM over the groups, written once against ``xp`` (numpy or cupy); 3x3 stride-1
+convolutions with many channels run Winograd's F(2x2, 3x3) where numba is installed
+(:mod:`.conv_winograd`), the input gradient of such a conv included.
 
 The op ``conv2d(x [N, C, H, W], weight [O, C/groups, kh, kw])`` takes normalized attrs
 (``stride``, ``dilation`` pairs, ``padding`` as (top, bottom, left, right), ``groups``);
@@ -18,6 +20,7 @@ from spmd_rules.conv import conv_out_size
 from ..dispatch import apply
 from ..schema import DENSE_CTX, OPS, public, register, same_dtype
 from ..tensor import Tensor
+from . import conv_winograd
 from .common import as_tensor
 from .elementwise import add
 from .halo import extend, fold, halo_attrs, no_output, out_size
@@ -139,17 +142,20 @@ CHUNK_BYTES = 4 << 20
 
 def _chunks(xp, x, w_shape, stride, padding, dilation, groups):
     """Yield ``(start, stop, cols)``: im2col ``[stop - start, groups, C/groups * kh * kw,
-    Ho * Wo]`` of consecutive samples (all at once for cupy), and set up the geometry."""
+    Ho * Wo]`` of consecutive samples (all at once for cupy). Every chunk is copied into one
+    buffer, valid until the next chunk: a fresh array per chunk would pay its page faults
+    again each time (a sample's columns are megabytes)."""
     kernel, out_hw = _geometry(x.shape, w_shape, stride, padding, dilation)
     win = windows(xp, pad_hw(xp, x, padding, 0), kernel, stride, dilation, out_hw)
     n = x.shape[0]
     k, lsize = w_shape[1] * kernel[0] * kernel[1], out_hw[0] * out_hw[1]
     per_sample = max(groups * k * lsize * x.dtype.itemsize, 1)
-    step = max(1, CHUNK_BYTES // per_sample) if xp is np else max(n, 1)
+    step = min(max(1, CHUNK_BYTES // per_sample) if xp is np else n, max(n, 1))
+    buf = xp.empty((step, groups, k, lsize), dtype=x.dtype)
     for start in range(0, n, step):
-        stop = min(n, start + step)
-        yield start, stop, xp.ascontiguousarray(win[start:stop]).reshape(
-            stop - start, groups, k, lsize)
+        cols = buf[:min(n, start + step) - start]
+        xp.copyto(cols.reshape(win[start:start + len(cols)].shape), win[start:start + len(cols)])
+        yield start, start + len(cols), cols
 
 
 def _empty_out(x_shape, weight, stride, padding, dilation, halo) -> tuple[int, ...]:
@@ -170,6 +176,8 @@ def conv2d_kernel(xp, x, weight, stride, padding, dilation, groups, halo=(), ctx
         if no_output(halo):
             return xp.zeros(_empty_out(x.shape, weight, stride, padding, dilation, halo),
                             dtype=x.dtype)
+    if conv_winograd.fits(xp, x, weight, stride, dilation, groups):
+        return conv_winograd.conv3x3(x, weight, padding)
     o = weight.shape[0]
     _, (ho, wo) = _geometry(x.shape, weight.shape, stride, padding, dilation)
     out = xp.empty((x.shape[0], groups, o // groups, ho * wo), dtype=x.dtype)
