@@ -15,6 +15,7 @@ neighbours hold). Other ops require H and W whole.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -27,8 +28,8 @@ from .redistribute import reshard_cost
 
 __all__ = ["conv_out_size", "pool_out_size", "conv2d", "conv2d_grad", "pool2d", "pool2d_grad",
            "conv_transpose_out_size", "conv2d_transpose", "conv2d_transpose_grad",
-           "pad", "pad_grad", "pool2d_out_hw", "Window", "halo_plan", "HaloPlan",
-           "merge_spatial"]
+           "pad", "pad_grad", "pool2d_out_hw", "Window", "Support", "resample_spans", "sweep",
+           "halo_plan", "HaloPlan", "merge_spatial"]
 
 
 def conv_out_size(n: int, k: int, stride: int, pad0: int, pad1: int, dilation: int) -> int:
@@ -223,14 +224,15 @@ def conv2d_transpose_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str
 
 def _check_pool_spatial(op, x, attrs, out_hw, merged) -> None:
     if attrs.get("spatial"):
-        check_spatial(op, x, attrs, attrs["kernel_size"], out_hw, merged)
+        check_spatial(op, x, attrs, attrs.get("kernel_size"), out_hw, merged)
 
 
 @register_rule("pool2d")
 def pool2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
     """inputs (x [N, C, H, W]); output [N, C, Ho, Wo] (:func:`pool2d_out_hw`). N and C keep
-    their sharding; H and W too when attrs ``spatial`` (max pooling) and x is so sharded
-    (halo exchange), else they are Replicate; a Partial input is resolved."""
+    their sharding; H and W too when attrs ``spatial`` (window pooling, resampling) and x is so
+    sharded (halo exchange), else they are Replicate; a Partial input is resolved. A
+    resampling (attrs ``mode``) whose halo does not fit gathers the axis instead of raising."""
     op = op_name(attrs, "pool2d")
     require(metas, op, 1)
     (x,) = metas
@@ -240,7 +242,7 @@ def pool2d(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     merged, (notation,) = merge_spatial(
         metas, lambda h, w: [["n", "c", h, w]],
         lambda merged: _check_pool_spatial(op, x, attrs, (ho, wo), merged),
-        bool(attrs.get("spatial")))
+        bool(attrs.get("spatial")), attrs.get("mode") is None)
     xa = layout(notation, merged, mesh)
     return SpmdResult((xa,), (TensorMeta((*x.shape[:2], ho, wo), xa),))
 
@@ -261,7 +263,7 @@ def pool2d_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     merged, (notation, _) = merge_spatial(
         metas, lambda h, w: [["n", "c", h, w]] * 2,
         lambda merged: _check_pool_spatial(op, x, attrs, out_hw, merged),
-        bool(attrs.get("spatial")))
+        bool(attrs.get("spatial")), attrs.get("mode") is None)
     xa, ga = layout(notation, merged, mesh), layout(notation, merged, mesh)
     return SpmdResult((xa, ga), (TensorMeta(x.shape, xa),))
 
@@ -327,6 +329,54 @@ class Window:
             return None
         return oa * self.s - self.p0, (ob - 1) * self.s - self.p0 + self.d * (self.k - 1) + 1
 
+    def describe(self) -> str:
+        return f"kernel {self.k}, stride {self.s}, dilation {self.d}"
+
+
+def resample_spans(mode: str, n: int, m: int, align_corners: bool, ratio: float | None
+                   ) -> tuple[tuple[int, int], ...]:
+    """For each of the ``m`` outputs of a resampling of an axis of ``n``, the input indices
+    ``[lo, hi)`` it reads: ``"area"`` (adaptive average) windows ``[floor(i n / m),
+    ceil((i + 1) n / m))``; ``"nearest"`` one index; ``"bilinear"`` the two it interpolates
+    (the kernels' formulas, in the same double arithmetic)."""
+    if mode == "area":
+        return tuple(((i * n) // m, -(-((i + 1) * n) // m)) for i in range(m))
+    scale = (n - 1) / (m - 1) if align_corners and m > 1 else 0.0 if align_corners else \
+        (ratio if ratio is not None else n / m)
+    spans = []
+    for i in range(m):
+        if mode == "nearest":
+            src = math.floor(i * scale + 0.5) if align_corners else math.floor(i * scale)
+            lo = min(int(src), n - 1)
+            spans.append((lo, lo + 1))
+            continue
+        src = i * scale if align_corners else max((i + 0.5) * scale - 0.5, 0.0)
+        lo = min(int(math.floor(src)), n - 1)
+        spans.append((lo, min(lo + 1, n - 1) + 1))
+    return tuple(spans)
+
+
+@dataclass(frozen=True)
+class Support:
+    """A resampling of an axis of ``n`` to ``n_out`` (:func:`resample_spans`), with the
+    interface of :class:`Window` that :func:`halo_plan` reads."""
+
+    n: int
+    n_out: int
+    spans: tuple[tuple[int, int], ...]
+
+    def rows(self, oa: int, ob: int) -> tuple[int, int] | None:
+        """The input rows outputs ``[oa, ob)`` read; None when there are none."""
+        if oa == ob:
+            return None
+        return (min(lo for lo, _ in self.spans[oa:ob]), max(hi for _, hi in self.spans[oa:ob]))
+
+    def need(self, parts: int, r: int) -> tuple[int, int] | None:
+        return self.rows(*split_range(self.n_out, parts, r))
+
+    def describe(self) -> str:
+        return f"resampling to {self.n_out}"
+
 
 @dataclass(frozen=True)
 class HaloPlan:
@@ -353,7 +403,7 @@ def _overlap(need, a: int, b: int) -> tuple[int, int]:
     return (lo, hi) if lo < hi else (a, a)
 
 
-def halo_plan(win: Window, parts: int, r: int) -> HaloPlan:
+def halo_plan(win: Window | Support, parts: int, r: int) -> HaloPlan:
     """Piece ``r``'s halo exchange along an axis split into ``parts`` (see :class:`HaloPlan`)."""
     piece = [split_range(win.n, parts, q) for q in range(parts)]
     a, b = piece[r]
@@ -371,7 +421,7 @@ def halo_plan(win: Window, parts: int, r: int) -> HaloPlan:
                     ob - oa, oa)
 
 
-def check_halo(op: str, axis: int, win: Window, parts: int, mesh_dim: int) -> None:
+def check_halo(op: str, axis: int, win: Window | Support, parts: int, mesh_dim: int) -> None:
     """Every output piece's input rows lie in its own and its two neighbours' pieces, else a
     ValueError naming the piece (raised alike on every rank: pure metadata)."""
     piece = [split_range(win.n, parts, q) for q in range(parts)]
@@ -386,31 +436,37 @@ def check_halo(op: str, axis: int, win: Window, parts: int, mesh_dim: int) -> No
             raise ValueError(
                 f"{op}: axis {axis} (size {win.n}) sharded over mesh dim {mesh_dim} in {parts} "
                 f"pieces: the rank at coordinate {r} of that mesh dim needs input indices "
-                f"[{lo}, {hi}) but it and its neighbours hold only [{first}, {last}) (kernel "
-                f"{win.k}, stride {win.s}, dilation {win.d}); use fewer ranks on mesh dim "
-                f"{mesh_dim}")
+                f"[{lo}, {hi}) but it and its neighbours hold only [{first}, {last}) "
+                f"({win.describe()}); use fewer ranks on mesh dim {mesh_dim}")
 
 
-def _windows_of(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequence[int],
-                out_hw: Sequence[int]) -> tuple[Window, ...]:
-    pads, stride = attrs["padding"], attrs["stride"]
+def sweep(attrs: Mapping[str, Any], hw: Sequence[int], out_hw: Sequence[int],
+          kernel: Sequence[int] | None, i: int) -> Window | Support:
+    """The sweep along spatial axis ``i`` (of size ``hw[i]`` in, ``out_hw[i]`` out): a
+    resampling's :class:`Support` (attrs ``mode``), else the :class:`Window` of ``kernel``."""
+    if attrs.get("mode") is not None:
+        ratio = (attrs.get("ratio") or (None, None))[i]
+        return Support(hw[i], out_hw[i], resample_spans(attrs["mode"], hw[i], out_hw[i],
+                                                        bool(attrs["align_corners"]), ratio))
     dil = attrs.get("dilation", (1, 1))
-    return tuple(Window(x.shape[2 + i], out_hw[i], kernel[i], stride[i], pads[2 * i], dil[i])
-                 for i in range(2))
+    return Window(hw[i], out_hw[i], kernel[i], attrs["stride"][i], attrs["padding"][2 * i],
+                  dil[i])
 
 
 def merge_spatial(metas: Sequence[TensorMeta], notations_of: Callable[[Any, Any], list],
-                  check: Callable[[dict], None], allowed: bool = True) -> tuple[dict, list]:
+                  check: Callable[[dict], None], allowed: bool = True, strict: bool = True
+                  ) -> tuple[dict, list]:
     """(label -> mesh dims, notations) at the fewest moved bytes over every assignment of the
     mesh dims to the labels, H and W (labels ``"h"``, ``"w"``; only when ``allowed``) taking
     at most one mesh dim each; ties go to the inputs' own layouts, then to the map that shards
     more. ``notations_of(h, w)``
     gives every input's notation; ``check(merged)`` raises where a halo does not fit: an
-    error when x itself is so sharded, else that map is skipped."""
+    error when x itself is so sharded and ``strict`` (else that map is skipped, so the axis is
+    gathered)."""
     x = metas[0]
     mesh = x.dist_attr.mesh_shape
     own = {lab: dm for lab, dm in zip("hw", x.dist_attr.dims_mapping[2:]) if len(dm) == 1}
-    if allowed and own:
+    if allowed and strict and own:
         check(own)  # the user's spatial layout: an error, on every rank, when it cannot work
     spatial = ["h", "w"] if allowed else []
     labels = list(dict.fromkeys(lab for n in notations_of(*(spatial or [None, None]))
@@ -436,7 +492,7 @@ def merge_spatial(metas: Sequence[TensorMeta], notations_of: Callable[[Any, Any]
 def check_spatial(op: str, x: TensorMeta, attrs: Mapping[str, Any], kernel: Sequence[int],
                   out_hw: Sequence[int], merged: Mapping[Any, tuple[int, ...]]) -> None:
     """:func:`check_halo` for each spatial axis the merged layout shards."""
-    wins = _windows_of(op, x, attrs, kernel, out_hw)
+    wins = [sweep(attrs, x.shape[2:], out_hw, kernel, i) for i in range(2)]
     for i, label in ((0, "h"), (1, "w")):
         dims = merged.get(label, ())
         if dims:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spmd_rules.conv import pool2d_out_hw, pool_out_size
+from spmd_rules.conv import Support, pool2d_out_hw, pool_out_size, resample_spans
 
 from ..dispatch import apply
 from ..schema import DENSE_CTX, OPS, public, register, same_dtype
@@ -197,25 +197,46 @@ def _matrix(mode: str, n: int, m: int, align_corners: bool, ratio: float | None)
     return a
 
 
-def _maps(xp, hw, out_hw, mode, align_corners, ratio, dtype):
+def _maps(xp, hw, out_hw, mode, align_corners, ratio, dtype, halo=(), global_hw=None):
+    """The ``[Ho, H]`` and ``[Wo, W]`` maps; along a spatially sharded axis the block of this
+    rank's output rows and the input rows they read (its piece extended by the halo)."""
     ratio = ratio or (None, None)
-    return tuple(xp.asarray(_matrix(mode, n, m, align_corners, r), dtype=dtype)
-                 for n, m, r in zip(hw, out_hw, ratio))
+    maps = []
+    for i, (n, m, r) in enumerate(zip(global_hw or hw, out_hw, ratio)):
+        a = _matrix(mode, n, m, align_corners, r)
+        plan = next((p for ax, _, p in halo if ax == 2 + i), None)
+        if plan is not None:
+            oa, ob = plan.out_start, plan.out_start + plan.out_rows
+            rows = Support(n, m, resample_spans(mode, n, m, align_corners, r)).rows(oa, ob)
+            a = a[oa:ob, rows[0]:rows[1]] if rows else np.zeros((0, hw[i]))
+        maps.append(xp.asarray(a, dtype=dtype))
+    return tuple(maps)
 
 
-def _resample2d_kernel(xp, x, out_hw, mode, align_corners, ratio):
-    mh, mw = _maps(xp, x.shape[2:], out_hw, mode, align_corners, ratio, x.dtype)
+def _resample2d_kernel(xp, x, out_hw, mode, align_corners, ratio, halo=(), global_hw=None,
+                       ctx=DENSE_CTX):
+    if halo:  # H / W spatially sharded: the rows the output reads, from the neighbours
+        x = extend(xp, x, halo, ctx, 0.0)[0]
+    mh, mw = _maps(xp, x.shape[2:], out_hw, mode, align_corners, ratio, x.dtype, halo,
+                   global_hw)
     return xp.matmul(mh, xp.matmul(x, mw.T))
 
 
-def _resample2d_grad_kernel(xp, x, dout, out_hw, mode, align_corners, ratio):
-    mh, mw = _maps(xp, x.shape[2:], out_hw, mode, align_corners, ratio, dout.dtype)
-    return xp.matmul(mh.T, xp.matmul(dout, mw))
+def _resample2d_grad_kernel(xp, x, dout, out_hw, mode, align_corners, ratio, halo=(),
+                            global_hw=None, ctx=DENSE_CTX):
+    shape, shapes = extended_shapes(x.shape, halo)
+    mh, mw = _maps(xp, shape[2:], out_hw, mode, align_corners, ratio, dout.dtype, halo,
+                   global_hw)
+    dx = xp.matmul(mh.T, xp.matmul(dout, mw))
+    return xp.ascontiguousarray(fold(xp, dx, halo, ctx, shapes) if halo else dx)
 
 
-register("resample2d_grad", _resample2d_grad_kernel, rule="pool2d_grad", dtype=same_dtype(1))
+_resample_halo = halo_attrs(lambda attrs, metas: None, keep_global=True)
+register("resample2d_grad", _resample2d_grad_kernel, rule="pool2d_grad", dtype=same_dtype(1),
+         needs_ctx=True, local_attrs=_resample_halo, rule_attrs={"spatial": True})
 register("resample2d", _resample2d_kernel, backward=_pool_bwd("resample2d_grad"),
-         rule="pool2d", save_inputs=(0,), no_need_buffer=(0,), dtype=_SAME)
+         rule="pool2d", save_inputs=(0,), no_need_buffer=(0,), dtype=_SAME, needs_ctx=True,
+         local_attrs=_resample_halo, rule_attrs={"spatial": True})
 
 
 # -- adaptive max pooling --------------------------------------------------------------------
