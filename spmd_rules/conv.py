@@ -22,14 +22,14 @@ from typing import Any, Callable
 
 from .base import SpmdResult, TensorMeta, check_ndim, mesh_shape_of, op_name, register_rule, require
 from .dist_attr import split_range
-from .einsum import assignments, layout, merge_shardings
+from .einsum import assignments, layout
 from .placement import ReduceType
 from .redistribute import reshard_cost
 
 __all__ = ["conv_out_size", "pool_out_size", "conv2d", "conv2d_grad", "pool2d", "pool2d_grad",
            "conv_transpose_out_size", "conv2d_transpose", "conv2d_transpose_grad",
            "pad", "pad_grad", "pool2d_out_hw", "Window", "Support", "resample_spans", "sweep",
-           "halo_plan", "HaloPlan", "merge_spatial"]
+           "halo_plan", "HaloPlan", "merge_spatial", "pad_spans", "pad_sweep", "spatial_pad_axes"]
 
 
 def conv_out_size(n: int, k: int, stride: int, pad0: int, pad1: int, dilation: int) -> int:
@@ -278,21 +278,80 @@ def _padded(op: str, x: TensorMeta, pads: Sequence[Sequence[int]], sign: int) ->
     return shape
 
 
-def _pad_layout(op: str, x: TensorMeta, pads: Sequence[Sequence[int]]):
-    notation = [d if a == 0 and b == 0 else None for d, (a, b) in enumerate(pads)]
-    merged = merge_shardings([notation], [x.dist_attr], shapes=[x.shape])
-    return layout(notation, merged, mesh_shape_of(op, [x]))
+def pad_spans(mode: str, n: int, before: int, after: int) -> tuple[tuple[int, int], ...]:
+    """For each output of padding an axis of ``n`` by (before, after), the input index
+    ``[lo, hi)`` it copies (``mode`` reflect: mirrored without the edge; replicate: the edge);
+    for a constant row the empty span at the nearer end."""
+    spans = []
+    for i in range(n + before + after):
+        src = i - before
+        if mode == "reflect":
+            src = -src if src < 0 else 2 * (n - 1) - src if src >= n else src
+        elif mode == "replicate":
+            src = min(max(src, 0), n - 1)
+        spans.append((0, 0) if src < 0 else (n, n) if src >= n else (src, src + 1))
+    return tuple(spans)
+
+
+def pad_sweep(mode: str, n: int, before: int, after: int) -> Support:
+    """The :class:`Support` of padding an axis of ``n`` by (before, after)."""
+    return Support(n, n + before + after, pad_spans(mode, n, before, after))
+
+
+def _pad_halo_fits(op: str, x: TensorMeta, attrs: Mapping[str, Any], axis: int,
+                   mesh_dim: int) -> bool:
+    """Whether padded ``axis`` split over ``mesh_dim`` alone can run with a halo exchange."""
+    (a, b), parts = attrs["pads"][axis], x.dist_attr.mesh_shape[mesh_dim]
+    try:
+        check_halo(op, axis, pad_sweep(attrs["mode"], x.shape[axis], a, b), parts, mesh_dim)
+    except ValueError:
+        return False
+    return True
+
+
+def spatial_pad_axes(op: str, x: TensorMeta, attrs: Mapping[str, Any]) -> dict[int, int]:
+    """Padded axes that stay sharded in x's own layout, as the rule keeps them: axis -> mesh
+    dim for each padded axis x shards by one mesh dim whose output pieces read only their own
+    and their neighbours' input pieces (a halo exchange; none on a mesh dim of one rank)."""
+    return {d: dims[0] for d, ((a, b), dims) in enumerate(zip(attrs["pads"],
+                                                              x.dist_attr.dims_mapping))
+            if (a or b) and len(dims) == 1 and _pad_halo_fits(op, x, attrs, d, dims[0])}
+
+
+def _pad_layout(op: str, x: TensorMeta, attrs: Mapping[str, Any]):
+    """x's layout at the fewest moved bytes over every assignment of the mesh dims x uses to
+    its axes, a padded axis taking at most one, which x has there and whose halo fits; ties
+    go to x's own layout, then to the layout that shards more."""
+    mesh = mesh_shape_of(op, [x])
+    used = sorted({m for dm in x.dist_attr.dims_mapping for m in dm})
+    axes = list(range(x.ndim))
+    best = None
+    for merged in assignments(used, [[None] + axes] * len(used)):
+        if any((a or b) and merged.get(d) and (
+                len(merged[d]) > 1 or merged[d][0] not in x.dist_attr.dims_mapping[d]
+                or not _pad_halo_fits(op, x, attrs, d, merged[d][0]))
+               for d, (a, b) in enumerate(attrs["pads"])):
+            continue
+        want = layout(axes, merged, mesh)
+        key = (reshard_cost(x.shape, 1, x.dist_attr, want), want != x.dist_attr,
+               -sum(len(dm) for dm in merged.values()))
+        if best is None or key < best[0]:
+            best = (key, want)
+    return best[1]
 
 
 @register_rule("pad")
 def pad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdResult:
-    """inputs (x), attrs pads ((before, after) per axis). Padded axes are Replicate, the others
-    keep their sharding; a Partial input is resolved."""
+    """inputs (x), attrs pads ((before, after) per axis), mode. Unpadded axes keep their
+    sharding, and so do padded ones x already shards by one mesh dim where each output piece
+    reads only its own and its neighbours' input pieces (:func:`spatial_pad_axes`: a halo
+    exchange; the output's pieces are the usual split of its size); other padded axes are
+    Replicate. A Partial input is resolved."""
     op = op_name(attrs, "pad")
     require(metas, op, 1)
     (x,) = metas
     out = _padded(op, x, attrs["pads"], +1)
-    xa = _pad_layout(op, x, attrs["pads"])
+    xa = _pad_layout(op, x, attrs)
     return SpmdResult((xa,), (TensorMeta(out, xa),))
 
 
@@ -303,7 +362,7 @@ def pad_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Sp
     require(metas, op, 1)
     (g,) = metas
     out = _padded(op, g, attrs["pads"], -1)
-    ga = _pad_layout(op, g, attrs["pads"])
+    ga = _pad_layout(op, TensorMeta(out, g.dist_attr), attrs)
     return SpmdResult((ga,), (TensorMeta(out, ga),))
 
 

@@ -1,6 +1,6 @@
-"""Pooling, resampling and padding over ``[N, C, H, W]`` (Paddle ``F.max_pool2d``,
-``F.avg_pool2d``, ``F.adaptive_avg_pool2d``, ``F.adaptive_max_pool2d``, ``F.interpolate``,
-``F.pad``).
+"""Pooling and resampling over ``[N, C, H, W]`` (Paddle ``F.max_pool2d``, ``F.avg_pool2d``,
+``F.adaptive_avg_pool2d``, ``F.adaptive_max_pool2d``, ``F.interpolate``; ``F.pad`` is in
+:mod:`.padding`).
 
 Window pooling reads the strided window view of :func:`~.conv.windows`; its gradients scatter
 back with :func:`~.conv.col2im`. Adaptive average pooling and nearest/bilinear interpolation
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from .halo import extend, extended_shapes, fold, halo_attrs, no_output, out_size
 from .shape import transpose
 
 __all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-           "interpolate", "pad"]
+           "interpolate"]
 
 _SAME = same_dtype(0)
 
@@ -272,47 +272,6 @@ register("adaptive_max_pool2d", _adaptive_max_pool2d_kernel,
          dtype=_SAME)
 
 
-# -- padding ---------------------------------------------------------------------------------
-
-_NP_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
-
-
-def _pad_kernel(xp, x, pads, mode, value):
-    if mode == "constant":
-        return xp.pad(x, pads, mode="constant", constant_values=value)
-    return xp.pad(x, pads, mode=_NP_MODES[mode])
-
-
-def _pad_grad_kernel(xp, dout, pads, mode):
-    """Each axis in turn: the centre, plus (reflect) the mirrored borders or (replicate) the
-    border sums added where they were copied from."""
-    g = dout
-    for axis, (lo, hi) in enumerate(pads):
-        if not (lo or hi):
-            continue
-        g = xp.moveaxis(g, axis, 0)
-        n = g.shape[0] - lo - hi
-        out = g[lo:lo + n].copy()
-        if mode == "reflect":
-            if lo:
-                out[1:lo + 1] += g[:lo][::-1]
-            if hi:
-                out[n - 1 - hi:n - 1] += g[lo + n:][::-1]
-        elif mode == "replicate":
-            out[0] += g[:lo].sum(axis=0)
-            out[n - 1] += g[lo + n:].sum(axis=0)
-        g = xp.moveaxis(out, 0, axis)
-    return xp.ascontiguousarray(g)
-
-
-def _pad_bwd(node, g):
-    return apply(OPS["pad_grad"], (g,), {"pads": node.attrs["pads"], "mode": node.attrs["mode"]})
-
-
-register("pad_grad", _pad_grad_kernel, rule="pad_grad", dtype=_SAME)
-register("pad", _pad_kernel, backward=_pad_bwd, rule="pad", no_need_buffer=(0,), dtype=_SAME)
-
-
 # -- public functions ------------------------------------------------------------------------
 
 def _nchw(op: str, x: Any, data_format: str) -> tuple[Tensor, bool]:
@@ -454,49 +413,3 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     attrs = {"out_hw": out_hw, "mode": mode, "align_corners": bool(align_corners),
              "ratio": ratio}
     return _back(apply(OPS["resample2d"], (x,), attrs), last)
-
-
-def _pad_pairs(x: Tensor, pad: Sequence[int], mode: str) -> tuple[tuple[int, int], ...]:
-    nd = x.ndim
-    vals = [int(v) for v in pad]
-    if any(v < 0 for v in vals) or len(vals) % 2:
-        raise ValueError(f"pad: pad {list(pad)} must be an even number of non-negative ints")
-    pairs = [(0, 0)] * nd
-    if len(vals) == 2 * nd:  # every axis, from the first (Paddle)
-        pairs = [(vals[2 * d], vals[2 * d + 1]) for d in range(nd)]
-    elif len(vals) <= 2 * (nd - 2):  # the last axes, from the last (W first: left, right, ...)
-        for k in range(len(vals) // 2):
-            pairs[nd - 1 - k] = (vals[2 * k], vals[2 * k + 1])
-    else:
-        raise ValueError(f"pad: pad {list(pad)} must give {2 * nd} ints (every axis) or up to "
-                         f"{2 * (nd - 2)} (the spatial axes) for x of shape {x.shape}")
-    if mode == "reflect":
-        for d, (lo, hi) in enumerate(pairs):
-            if max(lo, hi) >= x.shape[d] and (lo or hi):
-                raise ValueError(f"pad: reflect padding {[lo, hi]} of axis {d} must be smaller "
-                                 f"than its size {x.shape[d]} (x {x.shape})")
-    if mode == "replicate":
-        for d, (lo, hi) in enumerate(pairs):
-            if (lo or hi) and x.shape[d] == 0:
-                raise ValueError(f"pad: cannot replicate-pad the empty axis {d} of x {x.shape}")
-    return tuple(pairs)
-
-
-@public()
-def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0,
-        data_format: str = "NCHW", name: str | None = None) -> Tensor:
-    """Pad ``x``: ``pad`` gives (before, after) for every axis from the first (2 * ndim ints),
-    or for the trailing spatial axes from the last (``[left, right, top, bottom]`` for NCHW).
-    ``mode``: ``"constant"`` (``value``), ``"reflect"`` (mirror without the edge) or
-    ``"replicate"`` (repeat the edge).
-
-    >>> dt.nn.functional.pad(dt.ones([1, 1, 2, 2]), [1, 1, 0, 2]).shape
-    [1, 1, 4, 4]
-    """
-    x = as_tensor(x)
-    if mode not in _NP_MODES:
-        raise ValueError(f"pad: mode must be one of {list(_NP_MODES)}, got {mode!r}")
-    if data_format not in ("NCL", "NCHW", "NCDHW"):
-        raise ValueError(f"pad: data_format {data_format!r} is not supported (channels first)")
-    pairs = _pad_pairs(x, pad, mode)
-    return apply(OPS["pad"], (x,), {"pads": pairs, "mode": mode, "value": float(value)})
