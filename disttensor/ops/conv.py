@@ -1,7 +1,7 @@
 """Convolution (Paddle ``F.conv1d`` / ``F.conv2d``): im2col through a strided window view and
 one batched GEMM over the groups, written once against ``xp`` (numpy or cupy); 3x3 stride-1
 convolutions with many channels run Winograd's F(2x2, 3x3) where numba is installed
-(:mod:`.conv_winograd`), the input gradient of such a conv included.
+(:mod:`.conv_winograd`), their input and weight gradients included.
 
 The op ``conv2d(x [N, C, H, W], weight [O, C/groups, kh, kw])`` takes normalized attrs
 (``stride``, ``dilation`` pairs, ``padding`` as (top, bottom, left, right), ``groups``);
@@ -176,7 +176,7 @@ def conv2d_kernel(xp, x, weight, stride, padding, dilation, groups, halo=(), ctx
         if no_output(halo):
             return xp.zeros(_empty_out(x.shape, weight, stride, padding, dilation, halo),
                             dtype=x.dtype)
-    if conv_winograd.fits(xp, x, weight, stride, dilation, groups):
+    if conv_winograd.fits(xp, x, weight, weight.shape, stride, dilation, groups):
         return conv_winograd.conv3x3(x, weight, padding)
     o = weight.shape[0]
     _, (ho, wo) = _geometry(x.shape, weight.shape, stride, padding, dilation)
@@ -205,6 +205,8 @@ def weight_grad(xp, x, w_shape, dout, stride, padding, dilation, groups):
     """dweight of ``conv2d(x, weight)`` for the output gradient ``dout``:
     ``dweight[gr, o, k] = sum_n dout[n, gr, o, :] . cols[n, gr, k, :]``, one GEMM per sample
     over im2col chunks."""
+    if conv_winograd.fits(xp, x, dout, w_shape, stride, dilation, groups):
+        return conv_winograd.weight_grad3x3(x, dout, padding)
     n, o = dout.shape[:2]
     g = dout.reshape(n, groups, o // groups, dout.shape[2] * dout.shape[3])
     dw = xp.zeros((groups, o // groups, w_shape[1] * w_shape[2] * w_shape[3]), dtype=dout.dtype)

@@ -2,7 +2,8 @@
 of ``[O, C] @ [C, tiles]`` — 2.25 times fewer multiplications than im2col's GEMM. Each 4x4
 input tile (every second row and column) is transformed to ``B^T d B``, each weight to
 ``G g G^T``; the 16 products of the transformed entries, summed over the channels, give each
-2x2 output block as ``A^T M A`` (Lavin and Gray's formulation).
+2x2 output block as ``A^T M A`` (Lavin and Gray's formulation). The weight gradient is the
+adjoint: ``G^T (sum of (A dY A^T) * (B^T d B)) G``, 16 GEMMs over the tiles.
 
 The tile transforms are numba loops (:mod:`.numba_winograd`), so this path runs only where
 numba is the kernel backend (:data:`.fast.BACKEND`) and the channels are many enough for the
@@ -17,7 +18,7 @@ import numpy as np
 
 from . import fast
 
-__all__ = ["fits", "conv3x3"]
+__all__ = ["fits", "conv3x3", "weight_grad3x3"]
 
 #: channels (in and out) from which the transforms pay for themselves
 MIN_CHANNELS = 16
@@ -34,31 +35,44 @@ def _loops():
     return numba_winograd
 
 
-def fits(xp, x, weight, stride, dilation, groups) -> bool:
-    """Whether :func:`conv3x3` serves this conv2d call."""
+def fits(xp, x, other, w_shape, stride, dilation, groups) -> bool:
+    """Whether :func:`conv3x3` (``other`` the weight) or :func:`weight_grad3x3` (``other``
+    dout) serves this conv2d call or its weight gradient (weight of ``w_shape``)."""
     return (fast.BACKEND == "numba" and xp is np and type(x) is np.ndarray
-            and x.dtype in (np.float32, np.float64) and weight.dtype == x.dtype
-            and tuple(weight.shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
+            and x.dtype in (np.float32, np.float64) and other.dtype == x.dtype
+            and tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
             and tuple(dilation) == (1, 1) and groups == 1 and x.shape[0] > 0
-            and min(x.shape[1], weight.shape[0]) >= MIN_CHANNELS)
+            and min(x.shape[1], w_shape[0]) >= MIN_CHANNELS)
 
 
-def conv3x3(x: np.ndarray, weight: np.ndarray, padding) -> np.ndarray:
-    """``conv2d(x [N, C, H, W], weight [O, C, 3, 3])`` with padding (top, bottom, left,
-    right), stride and dilation 1."""
-    loops = _loops()
+def _tiled_input(x: np.ndarray, padding) -> tuple[np.ndarray, int, int, int, int]:
+    """(x padded to whole 4x4 tiles every second row and column, Ho, Wo, tiles down,
+    tiles across)."""
     n, c, h, w = x.shape
-    o = weight.shape[0]
     pt, pb, pl, pr = padding
     ho, wo = h + pt + pb - 2, w + pl + pr - 2
     th, tw = -(-ho // 2), -(-wo // 2)
     xpad = np.zeros((n, c, 2 * th + 2, 2 * tw + 2), dtype=x.dtype)
     rows, cols = min(h, 2 * th + 2 - pt), min(w, 2 * tw + 2 - pl)
     xpad[:, :, pt:pt + rows, pl:pl + cols] = x[:, :, :rows, :cols]
+    return xpad, ho, wo, th, tw
+
+
+def _step(n: int, channels: int, tiles: int, itemsize: int) -> int:
+    return min(n, max(1, CHUNK_BYTES // (16 * channels * tiles * itemsize)))
+
+
+def conv3x3(x: np.ndarray, weight: np.ndarray, padding) -> np.ndarray:
+    """``conv2d(x [N, C, H, W], weight [O, C, 3, 3])`` with padding (top, bottom, left,
+    right), stride and dilation 1."""
+    loops = _loops()
+    n, c = x.shape[:2]
+    o = weight.shape[0]
+    xpad, ho, wo, th, tw = _tiled_input(x, padding)
     u = np.einsum("ai,ocij,bj->aboc", _G, weight, _G).astype(x.dtype).reshape(16, 1, o, c)
     out = np.empty((n, o, ho, wo), dtype=x.dtype)
     tiles = th * tw
-    step = max(1, CHUNK_BYTES // (16 * max(c, o) * tiles * x.dtype.itemsize))
+    step = _step(n, max(c, o), tiles, x.dtype.itemsize)
     v = m = None
     for start in range(0, n, step):
         stop = min(n, start + step)
@@ -69,3 +83,27 @@ def conv3x3(x: np.ndarray, weight: np.ndarray, padding) -> np.ndarray:
         np.matmul(u, v, out=m)
         loops.output_tiles(m, out[start:stop], tw)
     return out
+
+
+def weight_grad3x3(x: np.ndarray, dout: np.ndarray, padding) -> np.ndarray:
+    """The weight gradient ``[O, C, 3, 3]`` of :func:`conv3x3` for ``dout [N, O, Ho, Wo]``:
+    ``G^T (sum over samples and tiles of (A dY A^T) * (B^T d B)) G`` per entry, the 16
+    channel products as GEMMs ``[O, tiles] @ [tiles, C]``."""
+    loops = _loops()
+    n, c = x.shape[:2]
+    o = dout.shape[1]
+    xpad, ho, wo, th, tw = _tiled_input(x, padding)
+    tiles = th * tw
+    step = _step(n, max(c, o), tiles, x.dtype.itemsize)
+    du = np.zeros((16, o, c), dtype=x.dtype)
+    v = dm = None
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        if v is None or v.shape[1] != stop - start:
+            v = np.empty((16, stop - start, c, tiles), dtype=x.dtype)
+            dm = np.empty((16, stop - start, o, tiles), dtype=x.dtype)
+        loops.input_tiles(xpad[start:stop], v, th, tw)
+        loops.grad_tiles(np.ascontiguousarray(dout[start:stop]), dm, th, tw)
+        for k in range(stop - start):
+            du += np.matmul(dm[:, k], v[:, k].transpose(0, 2, 1))
+    return np.einsum("ai,aboc,bj->ocij", _G, du.reshape(4, 4, o, c), _G).astype(x.dtype)

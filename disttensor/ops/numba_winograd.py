@@ -84,3 +84,37 @@ def output_tiles(m, out, tiles_w):
                     out[s, oc, r + 1, q] = y10
                     if q + 1 < w:
                         out[s, oc, r + 1, q + 1] = y11
+
+
+@njit(**_JIT)
+def grad_tiles(dout, dm, tiles_h, tiles_w):
+    """``dm[e, s, o, t] = (A dY A^T)[e]`` for the 2x2 block ``dY`` of ``dout [n, O, Ho, Wo]``
+    at rows ``2 i``, columns ``2 j`` (zero past its edges), ``A = [[1, 0], [1, 1], [1, -1],
+    [0, -1]]``: the adjoint of :func:`output_tiles`' transform."""
+    n, o, h, w = dout.shape
+    rows = np.zeros((4, 2 * tiles_w), dtype=dout.dtype)
+    zero = dout.dtype.type(0.0)
+    for s in range(n):
+        for oc in range(o):
+            g = dout[s, oc]
+            for i in range(tiles_h):
+                r = 2 * i
+                has_next = r + 1 < h
+                for q in range(w):
+                    a = g[r, q]
+                    b = g[r + 1, q] if has_next else zero
+                    rows[0, q] = a
+                    rows[1, q] = a + b
+                    rows[2, q] = a - b
+                    rows[3, q] = -b
+                t0 = i * tiles_w
+                for k in range(4):
+                    row = rows[k]
+                    e = 4 * k
+                    for j in range(tiles_w):
+                        a = row[2 * j]
+                        b = row[2 * j + 1]
+                        dm[e, s, oc, t0 + j] = a
+                        dm[e + 1, s, oc, t0 + j] = a + b
+                        dm[e + 2, s, oc, t0 + j] = a - b
+                        dm[e + 3, s, oc, t0 + j] = -b

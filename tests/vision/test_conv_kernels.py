@@ -26,7 +26,8 @@ def test_winograd_conv_values_and_gradients_equal_numpy(shape, padding, dtype, t
     rng = np.random.default_rng(sum(shape))
     x, w = rng.standard_normal(shape), rng.standard_normal((24, shape[1], 3, 3))
     if fast.BACKEND == "numba":  # this case takes the Winograd path wherever numba is there
-        assert conv_winograd.fits(np, x.astype(dtype), w.astype(dtype), (1, 1), (1, 1), 1)
+        assert conv_winograd.fits(np, x.astype(dtype), w.astype(dtype), w.shape, (1, 1),
+                                  (1, 1), 1)
     xt = dt.to_tensor(x.astype(dtype), stop_gradient=False)
     wt = dt.to_tensor(w.astype(dtype), stop_gradient=False)
     y = F.conv2d(xt, wt, padding=[padding[0], padding[1], padding[2], padding[3]])
