@@ -45,17 +45,11 @@ def fits(xp, x, other, w_shape, stride, dilation, groups) -> bool:
             and min(x.shape[1], w_shape[0]) >= MIN_CHANNELS)
 
 
-def _tiled_input(x: np.ndarray, padding) -> tuple[np.ndarray, int, int, int, int]:
-    """(x padded to whole 4x4 tiles every second row and column, Ho, Wo, tiles down,
-    tiles across)."""
-    n, c, h, w = x.shape
+def _tiling(x: np.ndarray, padding) -> tuple[int, int, int, int]:
+    """(Ho, Wo, tiles down, tiles across) of x with ``padding``."""
     pt, pb, pl, pr = padding
-    ho, wo = h + pt + pb - 2, w + pl + pr - 2
-    th, tw = -(-ho // 2), -(-wo // 2)
-    xpad = np.zeros((n, c, 2 * th + 2, 2 * tw + 2), dtype=x.dtype)
-    rows, cols = min(h, 2 * th + 2 - pt), min(w, 2 * tw + 2 - pl)
-    xpad[:, :, pt:pt + rows, pl:pl + cols] = x[:, :, :rows, :cols]
-    return xpad, ho, wo, th, tw
+    ho, wo = x.shape[2] + pt + pb - 2, x.shape[3] + pl + pr - 2
+    return ho, wo, -(-ho // 2), -(-wo // 2)
 
 
 def _step(n: int, channels: int, tiles: int, itemsize: int) -> int:
@@ -68,7 +62,8 @@ def conv3x3(x: np.ndarray, weight: np.ndarray, padding) -> np.ndarray:
     loops = _loops()
     n, c = x.shape[:2]
     o = weight.shape[0]
-    xpad, ho, wo, th, tw = _tiled_input(x, padding)
+    ho, wo, th, tw = _tiling(x, padding)
+    x = np.ascontiguousarray(x)
     u = np.einsum("ai,ocij,bj->aboc", _G, weight, _G).astype(x.dtype).reshape(16, 1, o, c)
     out = np.empty((n, o, ho, wo), dtype=x.dtype)
     tiles = th * tw
@@ -79,7 +74,7 @@ def conv3x3(x: np.ndarray, weight: np.ndarray, padding) -> np.ndarray:
         if v is None or v.shape[1] != stop - start:
             v = np.empty((16, stop - start, c, tiles), dtype=x.dtype)
             m = np.empty((16, stop - start, o, tiles), dtype=x.dtype)
-        loops.input_tiles(xpad[start:stop], v, th, tw)
+        loops.input_tiles(x[start:stop], v, th, tw, padding[0], padding[2])
         np.matmul(u, v, out=m)
         loops.output_tiles(m, out[start:stop], tw)
     return out
@@ -92,7 +87,8 @@ def weight_grad3x3(x: np.ndarray, dout: np.ndarray, padding) -> np.ndarray:
     loops = _loops()
     n, c = x.shape[:2]
     o = dout.shape[1]
-    xpad, ho, wo, th, tw = _tiled_input(x, padding)
+    ho, wo, th, tw = _tiling(x, padding)
+    x = np.ascontiguousarray(x)
     tiles = th * tw
     step = _step(n, max(c, o), tiles, x.dtype.itemsize)
     du = np.zeros((16, o, c), dtype=x.dtype)
@@ -102,7 +98,7 @@ def weight_grad3x3(x: np.ndarray, dout: np.ndarray, padding) -> np.ndarray:
         if v is None or v.shape[1] != stop - start:
             v = np.empty((16, stop - start, c, tiles), dtype=x.dtype)
             dm = np.empty((16, stop - start, o, tiles), dtype=x.dtype)
-        loops.input_tiles(xpad[start:stop], v, th, tw)
+        loops.input_tiles(x[start:stop], v, th, tw, padding[0], padding[2])
         loops.grad_tiles(np.ascontiguousarray(dout[start:stop]), dm, th, tw)
         for k in range(stop - start):
             du += np.matmul(dm[:, k], v[:, k].transpose(0, 2, 1))

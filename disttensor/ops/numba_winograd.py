@@ -11,24 +11,36 @@ from .numba_loops import _JIT
 
 
 @njit(**_JIT)
-def input_tiles(xpad, v, tiles_h, tiles_w):
-    """``v[e, s, c, t] = (B^T d B)[e]`` for the 4x4 tile ``d`` of ``xpad [n, C, Hp, Wp]`` at
-    rows ``2 i``, columns ``2 j`` (``t = i * tiles_w + j``, ``e`` the 16 entries row-major),
-    ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``: per row of tiles,
-    the four row combinations of ``B^T d`` over the whole width, then the column
-    combinations."""
-    n, c, _, width = xpad.shape
-    rows = np.empty((4, width), dtype=xpad.dtype)
+def input_tiles(x, v, tiles_h, tiles_w, pad_top, pad_left):
+    """``v[e, s, c, t] = (B^T d B)[e]`` for the 4x4 tile ``d`` at rows ``2 i``, columns
+    ``2 j`` of ``x [n, C, H, W]`` zero-padded by ``pad_top`` rows and ``pad_left`` columns
+    before (and as many as the tiles need after); ``t = i * tiles_w + j``, ``e`` the 16
+    entries row-major, ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``.
+    Per row of tiles: its four input rows copied into a zero-padded buffer, their four row
+    combinations of ``B^T d`` over the whole width, then the column combinations."""
+    n, c, h, w = x.shape
+    width = 2 * tiles_w + 2
+    cols = min(w, width - pad_left)
+    src = np.zeros((4, width), dtype=x.dtype)
+    rows = np.empty((4, width), dtype=x.dtype)
+    zero = x.dtype.type(0.0)
     for s in range(n):
         for ch in range(c):
-            x = xpad[s, ch]
+            plane = x[s, ch]
             for i in range(tiles_h):
-                r = 2 * i
+                for k in range(4):
+                    row = 2 * i + k - pad_top
+                    if 0 <= row < h:
+                        for q in range(cols):
+                            src[k, pad_left + q] = plane[row, q]
+                    else:
+                        for q in range(width):
+                            src[k, q] = zero
                 for q in range(width):
-                    rows[0, q] = x[r, q] - x[r + 2, q]
-                    rows[1, q] = x[r + 1, q] + x[r + 2, q]
-                    rows[2, q] = x[r + 2, q] - x[r + 1, q]
-                    rows[3, q] = x[r + 1, q] - x[r + 3, q]
+                    rows[0, q] = src[0, q] - src[2, q]
+                    rows[1, q] = src[1, q] + src[2, q]
+                    rows[2, q] = src[2, q] - src[1, q]
+                    rows[3, q] = src[1, q] - src[3, q]
                 t0 = i * tiles_w
                 for k in range(4):
                     a = rows[k]
