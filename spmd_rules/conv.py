@@ -1,17 +1,20 @@
 """Convolution, pooling, resampling and padding over ``[N, C, H, W]`` inputs (rules ``conv2d``,
-``conv2d_grad``, ``pool2d``, ``pool2d_grad``, ``pad``, ``pad_grad``), and the output-size
-arithmetic the kernels share with them.
+``conv2d_grad``, ``conv2d_transpose``, ``conv2d_transpose_grad``, ``pool2d``, ``pool2d_grad``,
+``pad``, ``pad_grad``), and the output-size arithmetic the kernels share with them.
 
 Layouts: the batch axis keeps its sharding (data parallel, no communication); channels follow
 the weight (``conv2d`` with ``groups == 1``: output channels sharded with the weight's dim 0 —
 column parallel — and input channels with its dim 1 — row parallel, output Partial(sum));
 pooling keeps the channel sharding.
 
-Spatial sharding: conv2d and max pooling keep H (and/or W) sharded when x already is, each by
-one mesh dim; the output's pieces are the usual split of the output size, and each rank reads
-the input rows its output rows need from its two neighbours along that mesh dim (a halo
-exchange, :func:`halo_plan`; the rule checks on every rank that no piece needs more than its
-neighbours hold). Other ops require H and W whole.
+Spatial sharding: conv2d, window pooling and resampling (adaptive average pooling,
+interpolation) keep H (and/or W) sharded when x already is, each by one mesh dim, and pad keeps
+any padded axis so sharded; the output's pieces are the usual split of the output size, and
+each rank reads the input rows its output rows need from its two neighbours along that mesh
+dim (a halo exchange, :func:`halo_plan` over a :class:`Window` or a :class:`Support`; the
+rules check on every rank that no piece needs more than its neighbours hold: conv2d and
+window pooling raise, resampling and pad move the axis instead). conv2d_transpose and
+adaptive max pooling require H and W whole.
 """
 from __future__ import annotations
 

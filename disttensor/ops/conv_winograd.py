@@ -2,7 +2,7 @@
 of ``[O, C] @ [C, tiles]`` — 2.25 times fewer multiplications than im2col's GEMM. Each 4x4
 input tile (every second row and column) is transformed to ``B^T d B``, each weight to
 ``G g G^T``; the 16 products of the transformed entries, summed over the channels, give each
-2x2 output block as ``A^T M A`` (Lavin and Gray's formulation). The weight gradient is the
+2x2 output block as ``A^T M A``. The weight gradient is the
 adjoint: ``G^T (sum of (A dY A^T) * (B^T d B)) G``, 16 GEMMs over the tiles.
 
 The tile transforms are numba loops (:mod:`.numba_winograd`), so this path runs only where

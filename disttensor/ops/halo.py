@@ -1,4 +1,4 @@
-"""Halo exchange for spatially sharded convolution and max pooling.
+"""Halo exchange for spatially sharded convolution, pooling, resampling and padding.
 
 When the rule keeps H (or W) of ``x [N, C, H, W]`` sharded by one mesh dim, each rank's
 kernel first extends its piece with the rows its output rows read from its two neighbours
