@@ -8,11 +8,15 @@ Prints JSON (rank 0). ``--resnet``: examples/resnet.py's model at the same globa
 the batch sharded over the ranks (data parallel) and with the images' H sharded (spatial):
 the median step time and, per rank, the peak bytes numpy allocated during one step beyond
 what was live before it (tracemalloc: activations, gradients, temporaries), the largest over
-the ranks. Without ``--resnet``: for each case (default ``[32, 64, 56, 56]`` float32, 64 output channels, 3x3,
-padding 1; ``--quick``: batch 4) the median times in ms of disttensor's forward, backward
-(``dt.autograd.backward`` with a given output gradient: the input and weight gradients) and
-their sum, the same for ``torch.nn.functional.conv2d``, and ``ratio`` = disttensor / torch
-(target <= 1.5). Each side is timed alternately, ``--repeat`` times, after one warm-up run.
+the ranks. Without ``--resnet``: for each case (default ``[32, 64, 56, 56]`` float32, 64 output
+channels, 3x3, padding 1; ``--quick``: batch 4) the median times in ms of disttensor's forward,
+backward (``dt.autograd.backward`` with a given output gradient: the input and weight
+gradients) and their sum, the same for ``torch.nn.functional.conv2d``, per clock (``cpu``: the
+thread's CPU time, which a loaded machine's waits for a core do not inflate; ``wall``), and
+``ratio`` = disttensor / torch on the CPU clock (target <= 1.5; ``ratio_wall`` on the wall
+clock). Each side is timed alternately, ``--repeat`` times, after one warm-up run.
+``blas_core`` is the kernel family OpenBLAS chose for this CPU (``OPENBLAS_CORETYPE``
+overrides it).
 """
 from __future__ import annotations
 
@@ -29,27 +33,35 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import disttensor as dt  # noqa: E402
 
 
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.thread_time()
+
+
+def _spans(t0, t1, t2) -> tuple[float, float, float, float]:
+    """(forward, backward) wall times, then (forward, backward) thread CPU times."""
+    return t1[0] - t0[0], t2[0] - t1[0], t1[1] - t0[1], t2[1] - t1[1]
+
+
 def _dt_step(x, w, g):
     xt = dt.to_tensor(x, stop_gradient=False)
     wt = dt.to_tensor(w, stop_gradient=False)
-    t0 = time.perf_counter()
+    gt = dt.to_tensor(g)
+    t0 = _clocks()
     y = dt.nn.functional.conv2d(xt, wt, padding=1)
-    t1 = time.perf_counter()
-    dt.autograd.backward([y], [dt.to_tensor(g)])
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t1
+    t1 = _clocks()
+    dt.autograd.backward([y], [gt])
+    return _spans(t0, t1, _clocks())
 
 
 def _torch_step(torch, x, w, g):
     xt = torch.from_numpy(x).requires_grad_()
     wt = torch.from_numpy(w).requires_grad_()
     gt = torch.from_numpy(g)
-    t0 = time.perf_counter()
+    t0 = _clocks()
     y = torch.nn.functional.conv2d(xt, wt, padding=1)
-    t1 = time.perf_counter()
+    t1 = _clocks()
     y.backward(gt)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t1
+    return _spans(t0, t1, _clocks())
 
 
 def bench(shape, out_channels: int, repeat: int) -> dict:
@@ -73,16 +85,19 @@ def bench(shape, out_channels: int, repeat: int) -> dict:
             times[k].append(fn())
     res: dict = {"shape": list(shape), "out_channels": out_channels, "kernel": [3, 3]}
     for k, ts in times.items():
-        fwd = float(np.median([t[0] for t in ts])) * 1e3
-        bwd = float(np.median([t[1] for t in ts])) * 1e3
-        res[k] = {"forward_ms": round(fwd, 2), "backward_ms": round(bwd, 2),
-                  "total_ms": round(fwd + bwd, 2)}
+        res[k] = {}
+        for clock, at in (("wall", 0), ("cpu", 2)):
+            fwd = float(np.median([t[at] for t in ts])) * 1e3
+            bwd = float(np.median([t[at + 1] for t in ts])) * 1e3
+            res[k][clock] = {"forward_ms": round(fwd, 2), "backward_ms": round(bwd, 2),
+                             "total_ms": round(fwd + bwd, 2)}
     if torch is not None:
-        res["ratio"] = round(res["disttensor"]["total_ms"] / res["torch"]["total_ms"], 3)
-        res["ratio_forward"] = round(res["disttensor"]["forward_ms"] /
-                                     res["torch"]["forward_ms"], 3)
-        res["ratio_backward"] = round(res["disttensor"]["backward_ms"] /
-                                      res["torch"]["backward_ms"], 3)
+        for clock in ("cpu", "wall"):
+            ours, theirs = res["disttensor"][clock], res["torch"][clock]
+            tail = "" if clock == "cpu" else "_wall"
+            for part, key in (("", "total_ms"), ("_forward", "forward_ms"),
+                              ("_backward", "backward_ms")):
+                res[f"ratio{part}{tail}"] = round(ours[key] / theirs[key], 3)
     else:
         res["ratio"] = None
         res["note"] = "torch is not importable: no baseline"
@@ -135,6 +150,21 @@ def bench_resnet(quick: bool, steps: int) -> dict:
     return out
 
 
+def _blas_core() -> str | None:
+    """The OpenBLAS kernel family numpy runs (None when numpy's BLAS is not OpenBLAS)."""
+    import ctypes
+    import glob
+    libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in glob.glob(os.path.join(libs, "*openblas*")):
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_corename64_", "openblas_get_corename"):
+            if hasattr(lib, name):
+                fn = getattr(lib, name)
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return None
+
+
 def _comm():
     from mpi4py import MPI
     return MPI.COMM_WORLD
@@ -160,7 +190,8 @@ def main(argv=None) -> dict:
     except ImportError:
         pass
     shape = (4 if args.quick else 32, 64, 56, 56)
-    out = {"threads": args.threads, "conv2d": bench(shape, 64, args.repeat)}
+    out = {"threads": args.threads, "blas_core": _blas_core(),
+           "conv2d": bench(shape, 64, args.repeat)}
     print(json.dumps(out, indent=1))
     return out
 

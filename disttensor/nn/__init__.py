@@ -15,6 +15,7 @@ from .norm import RMSNorm  # noqa: E402
 from .attention import MultiHeadAttention  # noqa: E402
 from .clip import ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue  # noqa: E402
 from . import utils  # noqa: E402
+from .conv import Conv1DTranspose, Conv2DTranspose  # noqa: E402
 
 # PyTorch's names for the same classes (Paddle semantics)
 Module = Layer

@@ -1,8 +1,9 @@
-"""Convolutional layers (Paddle's ``nn.Conv1D``, ``nn.Conv2D``, pooling layers), the
-per-group normalizations ``nn.GroupNorm`` / ``nn.InstanceNorm2D`` and ``nn.Dropout2D``.
+"""Convolutional layers (Paddle's ``nn.Conv1D``, ``nn.Conv2D``, their transposes, pooling
+layers), the per-group normalizations ``nn.GroupNorm`` / ``nn.InstanceNorm2D`` and ``nn.Dropout2D``.
 
 Defaults follow Paddle: a conv weight ``[out, in/groups, *kernel]`` drawn from
-``Normal(0, sqrt(2 / (in_channels * prod(kernel))))``, a zero bias (``bias_attr=False``: none);
+``Normal(0, sqrt(2 / (in_channels * prod(kernel))))`` (a transposed conv's
+``[in, out/groups, *kernel]`` Xavier-uniform), a zero bias (``bias_attr=False``: none);
 norm weights one and biases zero.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..ops import reshape
 from ..ops.conv import conv1d, conv2d, pair
+from ..ops.conv_transpose import conv1d_transpose, conv2d_transpose
 from ..ops.pool import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d
 from ..tensor import Tensor
 from . import functional as F
@@ -19,8 +21,8 @@ from .common import _positive_int
 from .initializer import Constant, Normal
 from .layer import Layer
 
-__all__ = ["Conv1D", "Conv2D", "MaxPool2D", "AvgPool2D", "AdaptiveAvgPool2D",
-           "AdaptiveMaxPool2D", "GroupNorm", "InstanceNorm2D", "Dropout2D"]
+__all__ = ["Conv1D", "Conv2D", "Conv1DTranspose", "Conv2DTranspose", "MaxPool2D", "AvgPool2D",
+           "AdaptiveAvgPool2D", "AdaptiveMaxPool2D", "GroupNorm", "InstanceNorm2D", "Dropout2D"]
 
 
 class _ConvNd(Layer):
@@ -33,6 +35,19 @@ class _ConvNd(Layer):
                  padding_mode: str = "zeros", weight_attr: Any = None, bias_attr: Any = None,
                  data_format: str | None = None):
         super().__init__()
+        if padding_mode != "zeros":
+            raise ValueError(f"{type(self).__name__}: only padding_mode='zeros' is supported, "
+                             f"got {padding_mode!r}")
+        self._setup(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                    data_format)
+        std = math.sqrt(2.0 / (self._in * math.prod(self._kernel)))
+        self.weight = self.create_parameter(
+            [self._out, self._in // self._groups, *self._kernel], weight_attr,
+            default_initializer=Normal(0.0, std))
+        self.bias = self.create_parameter([self._out], bias_attr, is_bias=True)
+
+    def _setup(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+               data_format) -> None:
         cls = type(self).__name__
         self._in = _positive_int(cls, "in_channels", in_channels)
         self._out = _positive_int(cls, "out_channels", out_channels)
@@ -40,17 +55,9 @@ class _ConvNd(Layer):
         if self._in % self._groups or self._out % self._groups:
             raise ValueError(f"{cls}: groups={groups} must divide in_channels={in_channels} and "
                              f"out_channels={out_channels}")
-        if padding_mode != "zeros":
-            raise ValueError(f"{cls}: only padding_mode='zeros' is supported, got "
-                             f"{padding_mode!r}")
         self._kernel = pair(cls, "kernel_size", kernel_size, self._nd)
         self._stride, self._padding, self._dilation = stride, padding, dilation
         self._data_format = data_format or self._formats[0]
-        std = math.sqrt(2.0 / (self._in * math.prod(self._kernel)))
-        self.weight = self.create_parameter(
-            [self._out, self._in // self._groups, *self._kernel], weight_attr,
-            default_initializer=Normal(0.0, std))
-        self.bias = self.create_parameter([self._out], bias_attr, is_bias=True)
 
     def forward(self, x: Tensor) -> Tensor:
         return self._fn(x, self.weight, self.bias, self._stride, self._padding, self._dilation,
@@ -75,6 +82,44 @@ class Conv1D(_ConvNd):
 
     _nd = 1
     _fn = staticmethod(conv1d)
+    _formats = ("NCL", "NLC")
+
+
+class _ConvTransposeNd(_ConvNd):
+    _fn = staticmethod(conv2d_transpose)
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1,
+                 weight_attr: Any = None, bias_attr: Any = None, data_format: str | None = None):
+        Layer.__init__(self)
+        self._setup(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                    data_format)
+        self._output_padding = output_padding
+        self.weight = self.create_parameter(
+            [self._in, self._out // self._groups, *self._kernel], weight_attr)
+        self.bias = self.create_parameter([self._out], bias_attr, is_bias=True)
+
+    def forward(self, x: Tensor, output_size: Any = None) -> Tensor:
+        return self._fn(x, self.weight, self.bias, self._stride, self._padding,
+                        0 if output_size is not None else self._output_padding, self._groups,
+                        self._dilation, output_size, self._data_format)
+
+
+class Conv2DTranspose(_ConvTransposeNd):
+    """2-D transposed convolution layer over ``[N, C, H, W]`` (see ``F.conv2d_transpose``):
+    weight ``[in_channels, out_channels / groups, kh, kw]`` (Xavier-uniform, as Paddle's).
+
+    >>> up = dt.nn.Conv2DTranspose(4, 2, 2, stride=2)
+    >>> up(dt.ones([1, 4, 5, 5])).shape
+    [1, 2, 10, 10]
+    """
+
+
+class Conv1DTranspose(_ConvTransposeNd):
+    """1-D transposed convolution layer over ``[N, C, L]`` (see ``F.conv1d_transpose``)."""
+
+    _nd = 1
+    _fn = staticmethod(conv1d_transpose)
     _formats = ("NCL", "NLC")
 
 

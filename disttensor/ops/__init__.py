@@ -14,6 +14,7 @@ from . import (common, creation, elementwise, shape, reduction, matmul, activati
 from . import math, einsum, statistics, scatter, sorting, sampling, subscript  # noqa: F401,E402
 from . import conv, pool  # noqa: F401,E402
 from . import attention, position, gated  # noqa: F401,E402
+from . import conv_transpose, padding  # noqa: F401,E402
 
 globals().update(API)
 __all__ = sorted(API) + ["OPS"]

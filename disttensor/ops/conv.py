@@ -1,5 +1,7 @@
 """Convolution (Paddle ``F.conv1d`` / ``F.conv2d``): im2col through a strided window view and
-one batched GEMM over the groups, written once against ``xp`` (numpy or cupy).
+one batched GEMM over the groups, written once against ``xp`` (numpy or cupy); 3x3 stride-1
+convolutions with many channels run Winograd's F(2x2, 3x3) where numba is installed
+(:mod:`.conv_winograd`), their input and weight gradients included.
 
 The op ``conv2d(x [N, C, H, W], weight [O, C/groups, kh, kw])`` takes normalized attrs
 (``stride``, ``dilation`` pairs, ``padding`` as (top, bottom, left, right), ``groups``);
@@ -18,12 +20,14 @@ from spmd_rules.conv import conv_out_size
 from ..dispatch import apply
 from ..schema import DENSE_CTX, OPS, public, register, same_dtype
 from ..tensor import Tensor
+from . import conv_winograd
 from .common import as_tensor
 from .elementwise import add
 from .halo import extend, fold, halo_attrs, no_output, out_size
 from .shape import reshape, squeeze, transpose, unsqueeze
 
-__all__ = ["conv1d", "conv2d", "windows", "col2im", "pad_hw", "pair", "conv_padding"]
+__all__ = ["conv1d", "conv2d", "windows", "col2im", "pad_hw", "pair", "conv_padding",
+           "conv2d_kernel", "input_grad", "weight_grad", "check_conv_inputs"]
 
 
 # -- shared window helpers -------------------------------------------------------------------
@@ -138,17 +142,20 @@ CHUNK_BYTES = 4 << 20
 
 def _chunks(xp, x, w_shape, stride, padding, dilation, groups):
     """Yield ``(start, stop, cols)``: im2col ``[stop - start, groups, C/groups * kh * kw,
-    Ho * Wo]`` of consecutive samples (all at once for cupy), and set up the geometry."""
+    Ho * Wo]`` of consecutive samples (all at once for cupy). Every chunk is copied into one
+    buffer, valid until the next chunk: a fresh array per chunk would pay its page faults
+    again each time (a sample's columns are megabytes)."""
     kernel, out_hw = _geometry(x.shape, w_shape, stride, padding, dilation)
     win = windows(xp, pad_hw(xp, x, padding, 0), kernel, stride, dilation, out_hw)
     n = x.shape[0]
     k, lsize = w_shape[1] * kernel[0] * kernel[1], out_hw[0] * out_hw[1]
     per_sample = max(groups * k * lsize * x.dtype.itemsize, 1)
-    step = max(1, CHUNK_BYTES // per_sample) if xp is np else max(n, 1)
+    step = min(max(1, CHUNK_BYTES // per_sample) if xp is np else n, max(n, 1))
+    buf = xp.empty((step, groups, k, lsize), dtype=x.dtype)
     for start in range(0, n, step):
-        stop = min(n, start + step)
-        yield start, stop, xp.ascontiguousarray(win[start:stop]).reshape(
-            stop - start, groups, k, lsize)
+        cols = buf[:min(n, start + step) - start]
+        xp.copyto(cols.reshape(win[start:start + len(cols)].shape), win[start:start + len(cols)])
+        yield start, start + len(cols), cols
 
 
 def _empty_out(x_shape, weight, stride, padding, dilation, halo) -> tuple[int, ...]:
@@ -163,12 +170,14 @@ def _per_output(weight) -> int:
     return weight.shape[1] * weight.shape[2] * weight.shape[3]
 
 
-def _conv2d_kernel(xp, x, weight, stride, padding, dilation, groups, halo=(), ctx=DENSE_CTX):
+def conv2d_kernel(xp, x, weight, stride, padding, dilation, groups, halo=(), ctx=DENSE_CTX):
     if halo:  # H / W spatially sharded: the rows the output reads, from the neighbours
         x = extend(xp, x, halo, ctx, 0.0)[0]
         if no_output(halo):
             return xp.zeros(_empty_out(x.shape, weight, stride, padding, dilation, halo),
                             dtype=x.dtype)
+    if conv_winograd.fits(xp, x, weight, weight.shape, stride, dilation, groups):
+        return conv_winograd.conv3x3(x, weight, padding)
     o = weight.shape[0]
     _, (ho, wo) = _geometry(x.shape, weight.shape, stride, padding, dilation)
     out = xp.empty((x.shape[0], groups, o // groups, ho * wo), dtype=x.dtype)
@@ -188,27 +197,38 @@ def _conv2d_grad_kernel(xp, x, weight, dout, stride, padding, dilation, groups, 
             dx, dw = _conv2d_grad_kernel(xp, x_ext, weight, dout, stride, padding, dilation,
                                          groups)
         return fold(xp, dx, halo, ctx, shapes), dw
+    return (input_grad(xp, x.shape, weight, dout, stride, padding, dilation, groups),
+            weight_grad(xp, x, weight.shape, dout, stride, padding, dilation, groups))
+
+
+def weight_grad(xp, x, w_shape, dout, stride, padding, dilation, groups):
+    """dweight of ``conv2d(x, weight)`` for the output gradient ``dout``:
+    ``dweight[gr, o, k] = sum_n dout[n, gr, o, :] . cols[n, gr, k, :]``, one GEMM per sample
+    over im2col chunks."""
+    if conv_winograd.fits(xp, x, dout, w_shape, stride, dilation, groups):
+        return conv_winograd.weight_grad3x3(x, dout, padding)
     n, o = dout.shape[:2]
     g = dout.reshape(n, groups, o // groups, dout.shape[2] * dout.shape[3])
-    # dweight[gr, o, k] = sum_n g[n, gr, o, :] . cols[n, gr, k, :]: one GEMM per sample
-    dw = xp.zeros((groups, o // groups, _per_output(weight)), dtype=dout.dtype)
-    for start, stop, cols in _chunks(xp, x, weight.shape, stride, padding, dilation, groups):
+    dw = xp.zeros((groups, o // groups, w_shape[1] * w_shape[2] * w_shape[3]), dtype=dout.dtype)
+    for start, stop, cols in _chunks(xp, x, w_shape, stride, padding, dilation, groups):
         dw += xp.matmul(g[start:stop], cols.transpose(0, 1, 3, 2)).sum(axis=0)
-    return (_input_grad(xp, x.shape, weight, dout, stride, padding, dilation, groups),
-            dw.reshape(weight.shape))
+    return dw.reshape(w_shape)
 
 
-def _input_grad(xp, x_shape, weight, dout, stride, padding, dilation, groups):
-    """dx. At stride 1 (padding within the kernel's extent) a convolution of dout, padded by
-    ``dilation * (k - 1) - padding``, with the flipped weight, in- and output channels swapped
-    per group: an im2col instead of kh * kw strided adds. Else a GEMM then :func:`col2im`."""
+def input_grad(xp, x_shape, weight, dout, stride, padding, dilation, groups):
+    """dx of ``conv2d(x, weight)`` (x of ``x_shape``) for the output gradient ``dout`` — also
+    the transposed convolution of dout. At stride 1 (padding within the kernel's extent) a
+    convolution of dout, padded by ``dilation * (k - 1) - padding`` (plus the rows of x no
+    window reads, after), with the flipped weight, in- and output channels swapped per group:
+    an im2col instead of kh * kw strided adds. Else a GEMM then :func:`col2im`."""
     o, cg, kh, kw = weight.shape
-    og, (dh, dw_), (pt, pb, pl, pr) = o // groups, dilation, padding
-    flip = (dh * (kh - 1) - pt, dh * (kh - 1) - pb, dw_ * (kw - 1) - pl, dw_ * (kw - 1) - pr)
+    og, (dh, dw_), (pt, _, pl, _) = o // groups, dilation, padding
+    (h, w), (ho, wo) = x_shape[2:], dout.shape[2:]
+    flip = (dh * (kh - 1) - pt, h + pt - ho, dw_ * (kw - 1) - pl, w + pl - wo)
     if tuple(stride) == (1, 1) and min(flip) >= 0:
         wt = weight.reshape(groups, og, cg, kh, kw).transpose(0, 2, 1, 3, 4)
         wt = xp.ascontiguousarray(wt.reshape(groups * cg, og, kh, kw)[:, :, ::-1, ::-1])
-        return _conv2d_kernel(xp, dout, wt, (1, 1), flip, dilation, groups)
+        return conv2d_kernel(xp, dout, wt, (1, 1), flip, dilation, groups)
     n, out_hw = dout.shape[0], dout.shape[2:]
     g = dout.reshape(n, groups, og, out_hw[0] * out_hw[1])
     wmat = weight.reshape(groups, og, cg * kh * kw)
@@ -228,7 +248,7 @@ register("conv2d_grad", _conv2d_grad_kernel, rule="conv2d_grad", n_out=2, needs_
          local_attrs=_conv_halo,
          dtype=lambda dtypes, attrs: (np.result_type(dtypes[0], dtypes[2]),
                                       np.result_type(dtypes[1], dtypes[2])))
-register("conv2d", _conv2d_kernel, backward=_conv2d_bwd, rule="conv2d", save_inputs=(0, 1),
+register("conv2d", conv2d_kernel, backward=_conv2d_bwd, rule="conv2d", save_inputs=(0, 1),
          dtype=same_dtype(0), needs_ctx=True, local_attrs=_conv_halo)
 
 
@@ -243,10 +263,10 @@ def _check_float(op: str, x: Tensor, weight: Tensor) -> None:
                         f"({np.dtype(weight.dtype).name}) must have one dtype")
 
 
-def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any,
-          dilation: Any, groups: int, channels_last: bool, nd: int) -> Tensor:
-    """conv over the last ``nd`` (1 or 2) spatial axes of a channels-first x."""
-    x, weight = as_tensor(x), as_tensor(weight)
+def check_conv_inputs(op: str, x: Tensor, weight: Tensor, groups: Any, channels_last: bool,
+                      nd: int) -> Tensor:
+    """Check what every convolution needs of x, weight and groups (ranks, one floating dtype,
+    a positive int groups dividing the channels) and return x channels-first."""
     if x.ndim != nd + 2 or weight.ndim != nd + 2:
         raise ValueError(f"{op}: x {x.shape} and weight {weight.shape} must both be "
                          f"{nd + 2}-D")
@@ -255,6 +275,17 @@ def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
         x = transpose(x, [0, nd + 1, *range(1, nd + 1)])
     if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups <= 0:
         raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    if x.shape[1] % groups:
+        raise ValueError(f"{op}: groups={groups} must divide the {x.shape[1]} channels of x "
+                         f"{x.shape}")
+    return x
+
+
+def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any,
+          dilation: Any, groups: int, channels_last: bool, nd: int) -> Tensor:
+    """conv over the last ``nd`` (1 or 2) spatial axes of a channels-first x."""
+    x, weight = as_tensor(x), as_tensor(weight)
+    x = check_conv_inputs(op, x, weight, groups, channels_last, nd)
     c, o = x.shape[1], weight.shape[0]
     if c % groups or o % groups or weight.shape[1] * groups != c:
         raise ValueError(f"{op}: x {x.shape} has {c} channels and weight {weight.shape} "

@@ -1,4 +1,4 @@
-"""Halo exchange for spatially sharded convolution and max pooling.
+"""Halo exchange for spatially sharded convolution, pooling, resampling and padding.
 
 When the rule keeps H (or W) of ``x [N, C, H, W]`` sharded by one mesh dim, each rank's
 kernel first extends its piece with the rows its output rows read from its two neighbours
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from spmd_rules.conv import Window, halo_plan, pool2d_out_hw
+from spmd_rules.conv import halo_plan, pool2d_out_hw, sweep
 
 from ..distributed.mesh_groups import group_along
 
@@ -22,33 +22,38 @@ __all__ = ["halo_attrs", "extend", "fold", "out_size", "no_output", "extended_sh
 def halo_attrs(kernel_of, keep_global: bool = False):
     """``local_attrs`` for an op whose input 0 is x: attrs plus ``halo`` (per sharded spatial
     axis: (axis, mesh dim, :class:`~spmd_rules.conv.HaloPlan`)) and that axis' padding zeroed.
-    ``kernel_of(attrs, in_metas)`` gives (kh, kw); the output size comes from ``out_metas``
-    of the forward op or the dout input of a grad op. ``keep_global`` also passes the global
-    ``global_hw`` and ``global_padding`` (average pooling's divisors depend on them)."""
+    ``kernel_of(attrs, in_metas)`` gives (kh, kw) (None for a resampling, attrs ``mode``);
+    the output size comes from attrs (pooling, resampling), else from ``out_metas`` of the
+    forward op or the dout input of a grad op. ``keep_global`` also passes the global
+    ``global_hw`` and ``global_padding`` (average pooling's divisors and resampling's maps
+    depend on them)."""
     def local(attrs: dict, in_metas, out_metas, coord) -> dict:
         x = in_metas[0]
         if coord is None:
             return attrs
-        out_hw = pool2d_out_hw("halo", x.shape[2:], attrs) if "kernel_size" in attrs else \
-            _conv_out_hw(in_metas, out_metas)
+        out_hw = pool2d_out_hw("halo", x.shape[2:], attrs) if "padding" not in attrs or \
+            "kernel_size" in attrs else _conv_out_hw(in_metas, out_metas)
         kernel = kernel_of(attrs, in_metas)
-        pads = list(attrs["padding"])
-        dil = attrs.get("dilation", (1, 1))
+        pads = list(attrs.get("padding", (0, 0, 0, 0)))
         halo = []
         for i in range(2):
             dims = x.dist_attr.dims_mapping[2 + i]
             if not dims or x.dist_attr.mesh_shape[dims[0]] == 1:  # whole on every rank
                 continue
             m = dims[0]
-            win = Window(x.shape[2 + i], out_hw[i], kernel[i], attrs["stride"][i], pads[2 * i],
-                         dil[i])
+            win = sweep(attrs, x.shape[2:], out_hw, kernel, i)
             halo.append((2 + i, m, halo_plan(win, x.dist_attr.mesh_shape[m], coord[m])))
             pads[2 * i] = pads[2 * i + 1] = 0
         if not halo:
             return attrs
-        extra = {"global_hw": tuple(x.shape[2:]), "global_padding": tuple(attrs["padding"])} \
-            if keep_global else {}
-        return {**attrs, "padding": tuple(pads), "halo": tuple(halo), **extra}
+        local = {**attrs, "halo": tuple(halo)}
+        if "padding" in attrs:
+            local["padding"] = tuple(pads)
+        if keep_global:
+            local["global_hw"] = tuple(x.shape[2:])
+            if "padding" in attrs:
+                local["global_padding"] = tuple(attrs["padding"])
+        return local
     return local
 
 

@@ -1,6 +1,6 @@
-"""Pooling, resampling and padding over ``[N, C, H, W]`` (Paddle ``F.max_pool2d``,
-``F.avg_pool2d``, ``F.adaptive_avg_pool2d``, ``F.adaptive_max_pool2d``, ``F.interpolate``,
-``F.pad``).
+"""Pooling and resampling over ``[N, C, H, W]`` (Paddle ``F.max_pool2d``, ``F.avg_pool2d``,
+``F.adaptive_avg_pool2d``, ``F.adaptive_max_pool2d``, ``F.interpolate``; ``F.pad`` is in
+:mod:`.padding`).
 
 Window pooling reads the strided window view of :func:`~.conv.windows`; its gradients scatter
 back with :func:`~.conv.col2im`. Adaptive average pooling and nearest/bilinear interpolation
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from spmd_rules.conv import pool2d_out_hw, pool_out_size
+from spmd_rules.conv import Support, pool2d_out_hw, pool_out_size, resample_spans
 
 from ..dispatch import apply
 from ..schema import DENSE_CTX, OPS, public, register, same_dtype
@@ -27,7 +27,7 @@ from .halo import extend, extended_shapes, fold, halo_attrs, no_output, out_size
 from .shape import transpose
 
 __all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-           "interpolate", "pad"]
+           "interpolate"]
 
 _SAME = same_dtype(0)
 
@@ -197,25 +197,46 @@ def _matrix(mode: str, n: int, m: int, align_corners: bool, ratio: float | None)
     return a
 
 
-def _maps(xp, hw, out_hw, mode, align_corners, ratio, dtype):
+def _maps(xp, hw, out_hw, mode, align_corners, ratio, dtype, halo=(), global_hw=None):
+    """The ``[Ho, H]`` and ``[Wo, W]`` maps; along a spatially sharded axis the block of this
+    rank's output rows and the input rows they read (its piece extended by the halo)."""
     ratio = ratio or (None, None)
-    return tuple(xp.asarray(_matrix(mode, n, m, align_corners, r), dtype=dtype)
-                 for n, m, r in zip(hw, out_hw, ratio))
+    maps = []
+    for i, (n, m, r) in enumerate(zip(global_hw or hw, out_hw, ratio)):
+        a = _matrix(mode, n, m, align_corners, r)
+        plan = next((p for ax, _, p in halo if ax == 2 + i), None)
+        if plan is not None:
+            oa, ob = plan.out_start, plan.out_start + plan.out_rows
+            rows = Support(n, m, resample_spans(mode, n, m, align_corners, r)).rows(oa, ob)
+            a = a[oa:ob, rows[0]:rows[1]] if rows else np.zeros((0, hw[i]))
+        maps.append(xp.asarray(a, dtype=dtype))
+    return tuple(maps)
 
 
-def _resample2d_kernel(xp, x, out_hw, mode, align_corners, ratio):
-    mh, mw = _maps(xp, x.shape[2:], out_hw, mode, align_corners, ratio, x.dtype)
+def _resample2d_kernel(xp, x, out_hw, mode, align_corners, ratio, halo=(), global_hw=None,
+                       ctx=DENSE_CTX):
+    if halo:  # H / W spatially sharded: the rows the output reads, from the neighbours
+        x = extend(xp, x, halo, ctx, 0.0)[0]
+    mh, mw = _maps(xp, x.shape[2:], out_hw, mode, align_corners, ratio, x.dtype, halo,
+                   global_hw)
     return xp.matmul(mh, xp.matmul(x, mw.T))
 
 
-def _resample2d_grad_kernel(xp, x, dout, out_hw, mode, align_corners, ratio):
-    mh, mw = _maps(xp, x.shape[2:], out_hw, mode, align_corners, ratio, dout.dtype)
-    return xp.matmul(mh.T, xp.matmul(dout, mw))
+def _resample2d_grad_kernel(xp, x, dout, out_hw, mode, align_corners, ratio, halo=(),
+                            global_hw=None, ctx=DENSE_CTX):
+    shape, shapes = extended_shapes(x.shape, halo)
+    mh, mw = _maps(xp, shape[2:], out_hw, mode, align_corners, ratio, dout.dtype, halo,
+                   global_hw)
+    dx = xp.matmul(mh.T, xp.matmul(dout, mw))
+    return xp.ascontiguousarray(fold(xp, dx, halo, ctx, shapes) if halo else dx)
 
 
-register("resample2d_grad", _resample2d_grad_kernel, rule="pool2d_grad", dtype=same_dtype(1))
+_resample_halo = halo_attrs(lambda attrs, metas: None, keep_global=True)
+register("resample2d_grad", _resample2d_grad_kernel, rule="pool2d_grad", dtype=same_dtype(1),
+         needs_ctx=True, local_attrs=_resample_halo, rule_attrs={"spatial": True})
 register("resample2d", _resample2d_kernel, backward=_pool_bwd("resample2d_grad"),
-         rule="pool2d", save_inputs=(0,), no_need_buffer=(0,), dtype=_SAME)
+         rule="pool2d", save_inputs=(0,), no_need_buffer=(0,), dtype=_SAME, needs_ctx=True,
+         local_attrs=_resample_halo, rule_attrs={"spatial": True})
 
 
 # -- adaptive max pooling --------------------------------------------------------------------
@@ -249,47 +270,6 @@ register("adaptive_max_pool2d_grad", _adaptive_max_pool2d_grad_kernel, rule="poo
 register("adaptive_max_pool2d", _adaptive_max_pool2d_kernel,
          backward=_pool_bwd("adaptive_max_pool2d_grad"), rule="pool2d", save_inputs=(0,),
          dtype=_SAME)
-
-
-# -- padding ---------------------------------------------------------------------------------
-
-_NP_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
-
-
-def _pad_kernel(xp, x, pads, mode, value):
-    if mode == "constant":
-        return xp.pad(x, pads, mode="constant", constant_values=value)
-    return xp.pad(x, pads, mode=_NP_MODES[mode])
-
-
-def _pad_grad_kernel(xp, dout, pads, mode):
-    """Each axis in turn: the centre, plus (reflect) the mirrored borders or (replicate) the
-    border sums added where they were copied from."""
-    g = dout
-    for axis, (lo, hi) in enumerate(pads):
-        if not (lo or hi):
-            continue
-        g = xp.moveaxis(g, axis, 0)
-        n = g.shape[0] - lo - hi
-        out = g[lo:lo + n].copy()
-        if mode == "reflect":
-            if lo:
-                out[1:lo + 1] += g[:lo][::-1]
-            if hi:
-                out[n - 1 - hi:n - 1] += g[lo + n:][::-1]
-        elif mode == "replicate":
-            out[0] += g[:lo].sum(axis=0)
-            out[n - 1] += g[lo + n:].sum(axis=0)
-        g = xp.moveaxis(out, 0, axis)
-    return xp.ascontiguousarray(g)
-
-
-def _pad_bwd(node, g):
-    return apply(OPS["pad_grad"], (g,), {"pads": node.attrs["pads"], "mode": node.attrs["mode"]})
-
-
-register("pad_grad", _pad_grad_kernel, rule="pad_grad", dtype=_SAME)
-register("pad", _pad_kernel, backward=_pad_bwd, rule="pad", no_need_buffer=(0,), dtype=_SAME)
 
 
 # -- public functions ------------------------------------------------------------------------
@@ -433,49 +413,3 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     attrs = {"out_hw": out_hw, "mode": mode, "align_corners": bool(align_corners),
              "ratio": ratio}
     return _back(apply(OPS["resample2d"], (x,), attrs), last)
-
-
-def _pad_pairs(x: Tensor, pad: Sequence[int], mode: str) -> tuple[tuple[int, int], ...]:
-    nd = x.ndim
-    vals = [int(v) for v in pad]
-    if any(v < 0 for v in vals) or len(vals) % 2:
-        raise ValueError(f"pad: pad {list(pad)} must be an even number of non-negative ints")
-    pairs = [(0, 0)] * nd
-    if len(vals) == 2 * nd:  # every axis, from the first (Paddle)
-        pairs = [(vals[2 * d], vals[2 * d + 1]) for d in range(nd)]
-    elif len(vals) <= 2 * (nd - 2):  # the last axes, from the last (W first: left, right, ...)
-        for k in range(len(vals) // 2):
-            pairs[nd - 1 - k] = (vals[2 * k], vals[2 * k + 1])
-    else:
-        raise ValueError(f"pad: pad {list(pad)} must give {2 * nd} ints (every axis) or up to "
-                         f"{2 * (nd - 2)} (the spatial axes) for x of shape {x.shape}")
-    if mode == "reflect":
-        for d, (lo, hi) in enumerate(pairs):
-            if max(lo, hi) >= x.shape[d] and (lo or hi):
-                raise ValueError(f"pad: reflect padding {[lo, hi]} of axis {d} must be smaller "
-                                 f"than its size {x.shape[d]} (x {x.shape})")
-    if mode == "replicate":
-        for d, (lo, hi) in enumerate(pairs):
-            if (lo or hi) and x.shape[d] == 0:
-                raise ValueError(f"pad: cannot replicate-pad the empty axis {d} of x {x.shape}")
-    return tuple(pairs)
-
-
-@public()
-def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0,
-        data_format: str = "NCHW", name: str | None = None) -> Tensor:
-    """Pad ``x``: ``pad`` gives (before, after) for every axis from the first (2 * ndim ints),
-    or for the trailing spatial axes from the last (``[left, right, top, bottom]`` for NCHW).
-    ``mode``: ``"constant"`` (``value``), ``"reflect"`` (mirror without the edge) or
-    ``"replicate"`` (repeat the edge).
-
-    >>> dt.nn.functional.pad(dt.ones([1, 1, 2, 2]), [1, 1, 0, 2]).shape
-    [1, 1, 4, 4]
-    """
-    x = as_tensor(x)
-    if mode not in _NP_MODES:
-        raise ValueError(f"pad: mode must be one of {list(_NP_MODES)}, got {mode!r}")
-    if data_format not in ("NCL", "NCHW", "NCDHW"):
-        raise ValueError(f"pad: data_format {data_format!r} is not supported (channels first)")
-    pairs = _pad_pairs(x, pad, mode)
-    return apply(OPS["pad"], (x,), {"pads": pairs, "mode": mode, "value": float(value)})

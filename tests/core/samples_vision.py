@@ -1,6 +1,6 @@
-"""Samples of the vision ops (conv2d, pooling, resampling, padding): uneven sizes, strides,
-dilation, groups (depthwise included), ceil mode; pooling inputs have well separated values
-(no ties for max)."""
+"""Samples of the vision ops (conv2d, conv2d_transpose, pooling, resampling, padding): uneven
+sizes, strides, dilation, groups (depthwise included), ceil mode; pooling inputs have well
+separated values (no ties for max)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +17,13 @@ def _distinct(rng, *shape):
 
 def _conv(xs, ws, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    return lambda rng: ([_n(rng, *xs), _n(rng, *ws)], dict(attrs))
+
+
+def _transpose(xs, ws, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
+               dilation=(1, 1), groups=1):
+    attrs = {"stride": stride, "padding": padding, "output_padding": output_padding,
+             "dilation": dilation, "groups": groups}
     return lambda rng: ([_n(rng, *xs), _n(rng, *ws)], dict(attrs))
 
 
@@ -44,6 +51,14 @@ SAMPLES: dict[str, list] = {
               groups=2),
         _conv((2, 3, 5, 5), (3, 1, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1), groups=3),
         _conv((3, 5, 4, 3), (2, 5, 1, 1)),
+    ],
+    "conv2d_transpose": [
+        _transpose((3, 3, 5, 4), (3, 4, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1),
+                   output_padding=(1, 0)),
+        _transpose((2, 4, 3, 5), (4, 3, 2, 3), stride=(2, 3), padding=(0, 1, 2, 0),
+                   output_padding=(1, 2), dilation=(2, 1), groups=2),
+        _transpose((3, 2, 4, 3), (2, 5, 3, 1), padding=(1, 0, 0, 0), dilation=(1, 1)),
+        _transpose((2, 3, 3, 3), (3, 1, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1), groups=3),
     ],
     "max_pool2d": [
         _window(_pool((2, 2), (2, 2), (0, 0, 0, 0), True)),

@@ -1,6 +1,6 @@
-"""numpy-only references of the vision ops: convolution and pooling as loops over kernel
-offsets or output positions, resampling from its per-axis formulas, padding from ``np.pad``
-and index maps (no code shared with the kernels)."""
+"""numpy-only references of the vision ops: convolution, transposed convolution and pooling
+as loops over kernel offsets or output positions, resampling from its per-axis formulas,
+padding from ``np.pad`` and index maps (no code shared with the kernels)."""
 from __future__ import annotations
 
 import math
@@ -52,6 +52,61 @@ def _conv2d_grad(a, k, o):
                 dwt[os_, :, i, j] = np.einsum("nohw,nchw->oc", dout[:, os_], xp[:, cs, hs, ws])
     h, wd = x.shape[2:]
     return dxp[:, :, pt:pt + h, pl:pl + wd], dwt
+
+
+def _transpose_slices(k, x_hw, i, j):
+    """The rows and columns of the uncropped transposed-conv output kernel offset (i, j)
+    writes."""
+    (sh, sw), (dh, dw) = k["stride"], k["dilation"]
+    h, w = x_hw
+    return (slice(i * dh, i * dh + sh * (h - 1) + 1, sh),
+            slice(j * dw, j * dw + sw * (w - 1) + 1, sw))
+
+
+def _transpose_full(x, w, k):
+    """The uncropped output size and the crop giving the output."""
+    (sh, sw), (dh, dw), (eh, ew) = k["stride"], k["dilation"], k["output_padding"]
+    pt, pb, pl, pr = k["padding"]
+    kh, kw = w.shape[2:]
+    h, wd = x.shape[2:]
+    full = ((h - 1) * sh + dh * (kh - 1) + 1 + eh, (wd - 1) * sw + dw * (kw - 1) + 1 + ew)
+    crop = (slice(pt, full[0] - pb), slice(pl, full[1] - pr))
+    return full, crop
+
+
+def _conv2d_transpose(a, k, o):
+    x, w = a
+    g = k["groups"]
+    c, og, kh, kw = w.shape
+    cg = c // g
+    full, (ch, cw) = _transpose_full(x, w, k)
+    out = np.zeros((x.shape[0], og * g) + full)
+    for gi in range(g):
+        cs, os_ = slice(gi * cg, (gi + 1) * cg), slice(gi * og, (gi + 1) * og)
+        for i in range(kh):
+            for j in range(kw):
+                hs, ws = _transpose_slices(k, x.shape[2:], i, j)
+                out[:, os_, hs, ws] += np.einsum("nchw,co->nohw", x[:, cs], w[cs, :, i, j])
+    return (out[:, :, ch, cw],)
+
+
+def _conv2d_transpose_grad(a, k, o):
+    x, w, dout = a
+    g = k["groups"]
+    c, og, kh, kw = w.shape
+    cg = c // g
+    full, (ch, cw) = _transpose_full(x, w, k)
+    dfull = np.zeros(dout.shape[:2] + full)
+    dfull[:, :, ch, cw] = dout
+    dx, dwt = np.zeros_like(x), np.zeros_like(w)
+    for gi in range(g):
+        cs, os_ = slice(gi * cg, (gi + 1) * cg), slice(gi * og, (gi + 1) * og)
+        for i in range(kh):
+            for j in range(kw):
+                hs, ws = _transpose_slices(k, x.shape[2:], i, j)
+                dx[:, cs] += np.einsum("nohw,co->nchw", dfull[:, os_, hs, ws], w[cs, :, i, j])
+                dwt[cs, :, i, j] = np.einsum("nchw,nohw->co", x[:, cs], dfull[:, os_, hs, ws])
+    return dx, dwt
 
 
 def _pool_out(n, k, s, p0, p1, ceil):
@@ -231,6 +286,7 @@ def _pad_grad(a, k, o):
 
 REFERENCES = {
     "conv2d": _conv2d, "conv2d_grad": _conv2d_grad,
+    "conv2d_transpose": _conv2d_transpose, "conv2d_transpose_grad": _conv2d_transpose_grad,
     "max_pool2d": _max_pool2d, "max_pool2d_grad": _max_pool2d_grad,
     "avg_pool2d": _avg_pool2d, "avg_pool2d_grad": _avg_pool2d_grad,
     "resample2d": _resample2d, "resample2d_grad": _resample2d_grad,
