@@ -87,6 +87,8 @@ __all__ = ops.__all__ + [
     "distribute_tensor", "dtensor_from_fn", "fully_shard", "get_mesh", "init_device_mesh",
     "local_map", "new_group", "parallelize", "parallelize_module", "reduce_scatter", "set_mesh",
     "shard_dataloader", "shard_layer", "SplitPoint",
-    # the user-facing subpackages
-    "nn", "optimizer", "jit", "io", "amp", "incubate", "pipelining",
+    # the subpackages and modules (the API reference documents those listed here)
+    "nn", "optimizer", "jit", "io", "amp", "incubate", "pipelining", "parallel", "checkpoint",
+    "autograd", "distributed", "dispatch", "dtype", "generator", "grad_sync", "ops", "plan",
+    "schema", "tape", "tensor", "tensor_methods", "collectives",
 ]
