@@ -29,8 +29,8 @@ from collectives._common import CHECK_COLLECTIVES
 
 from ..dispatch import host_read, run
 from ..dtype import to_np_dtype
-from ..nn.layer import Parameter
 from ..ops import cast, setitem, to_tensor
+from ..parameter import Parameter
 from ..plan import Instr, OutSpec, Plan
 from ..schema import OPS, public, register
 from ..tape import _GradMode, set_grad_enabled
