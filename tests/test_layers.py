@@ -20,8 +20,10 @@ FOUNDATIONS = ("collectives", "spmd_rules", "launch")
 LAYERS = [
     ("core", ["disttensor.dtype", "disttensor.tensor", "disttensor.parameter",
               "disttensor.generator", "disttensor.schema", "disttensor.tape", "disttensor.plan"]),
-    ("layout", ["disttensor.distributed.dist_tensor", "disttensor.distributed.mesh_groups",
-                "disttensor.distributed.reshard", "disttensor.distributed.planner"]),
+    # the layout machinery is moving from distributed/ into its own package, layout/
+    ("layout", ["disttensor.layout", "disttensor.distributed.dist_tensor",
+                "disttensor.distributed.mesh_groups", "disttensor.distributed.reshard",
+                "disttensor.distributed.planner"]),
     ("seam", ["disttensor.dispatch"]),
     ("ops", ["disttensor.ops"]),
     ("entry points", ["disttensor.distributed"]),
