@@ -14,7 +14,7 @@ from . import nn, optimizer, jit  # noqa: E402
 from .nn.layer import ParamAttr, create_parameter  # noqa: E402
 from .distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_plan,
                               shard_tensor, unshard_dtensor)
-from .distributed.mesh_groups import get_rank, get_world_size
+from .layout.mesh_groups import get_rank, get_world_size
 from .distributed.caches import cache_info
 from .distributed.visualize import visualize_sharding
 from .schema import coverage_report

@@ -21,9 +21,9 @@ LAYERS = [
     ("core", ["disttensor.dtype", "disttensor.tensor", "disttensor.parameter",
               "disttensor.generator", "disttensor.schema", "disttensor.tape", "disttensor.plan"]),
     # the layout machinery is moving from distributed/ into its own package, layout/
-    ("layout", ["disttensor.layout", "disttensor.distributed.dist_tensor",
-                "disttensor.distributed.mesh_groups", "disttensor.distributed.reshard",
-                "disttensor.distributed.planner"]),
+    ("layout", ["disttensor.layout", "disttensor.layout.dist_tensor",
+                "disttensor.layout.mesh_groups", "disttensor.layout.reshard",
+                "disttensor.layout.planner"]),
     ("seam", ["disttensor.dispatch"]),
     ("ops", ["disttensor.ops"]),
     ("entry points", ["disttensor.distributed"]),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..dispatch import xp_of
-from ..distributed.mesh_groups import world
+from ..layout.mesh_groups import world
 from ..ops import scale as scale_op
 from ..tape import no_grad
 from ..tensor import Tensor

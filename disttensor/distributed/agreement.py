@@ -30,8 +30,8 @@ import collectives
 from collectives._common import CHECK_COLLECTIVES
 from spmd_rules import ProcessMesh
 
-from .dist_tensor import _CANON_IDS, _MESH_IDS, canonical, canonical_mesh
-from .mesh_groups import get_rank, get_world_size
+from ..layout.dist_tensor import _CANON_IDS, _MESH_IDS, canonical, canonical_mesh
+from ..layout.mesh_groups import get_rank, get_world_size
 
 __all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_from", "check_shard_tensor",
            "check_from_local", "check_reshard", "CACHE_LIMIT"]

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import dispatch
-from ..distributed.dist_tensor import DistTensor
+from ..layout.dist_tensor import DistTensor
 from ..generator import default_generator
 from ..ops import to_tensor
 from ..nn.layer import Layer
