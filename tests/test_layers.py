@@ -20,10 +20,7 @@ FOUNDATIONS = ("collectives", "spmd_rules", "launch")
 LAYERS = [
     ("core", ["disttensor.dtype", "disttensor.tensor", "disttensor.parameter",
               "disttensor.generator", "disttensor.schema", "disttensor.tape", "disttensor.plan"]),
-    # the layout machinery is moving from distributed/ into its own package, layout/
-    ("layout", ["disttensor.layout", "disttensor.layout.dist_tensor",
-                "disttensor.layout.mesh_groups", "disttensor.layout.reshard",
-                "disttensor.layout.planner"]),
+    ("layout", ["disttensor.layout"]),
     ("seam", ["disttensor.dispatch"]),
     ("ops", ["disttensor.ops"]),
     ("entry points", ["disttensor.distributed"]),
