@@ -265,7 +265,8 @@ def main():
     reps = [int(v) for v in a.reps.split(",")]
     reps += [reps[-1]] * (len(sizes) - len(reps))
     result = {"world_size": g.size, "dtype": "float32", "mpi": MPI.Get_library_version().splitlines()[0],
-              "native_large_count": __import__("collectives._mpi", fromlist=["x"]).NATIVE_LARGE_COUNT,
+              "native_large_count":
+                  __import__("collectives._mpi_types", fromlist=["x"]).NATIVE_LARGE_COUNT,
               "results": {}}
     t_start = time.perf_counter()
     calls, batches = (int(v) for v in a.small_calls.split(","))

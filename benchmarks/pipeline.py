@@ -33,7 +33,7 @@ sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples")]
 import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
 import train  # noqa: E402
-from disttensor.distributed.mesh_groups import world  # noqa: E402
+from disttensor.layout.mesh_groups import world  # noqa: E402
 from disttensor.pipelining.captured import CapturedSchedule  # noqa: E402
 
 SCHEDULES = {"FThenB": (dt.pipelining.ScheduleFThenB, 1),

@@ -23,8 +23,8 @@ S(0)->S(1) from 1 MB: only the send side is strided; each receiver's result live
 every rank of the node maps (pooled memfd segments) and each sender copies its strided rows
 straight there with streaming stores (one copy, as the bare Alltoall's; packing into a kept
 buffer and one Alltoallv where that is unavailable). Send-side MPI vector datatypes ran 3-8x
-slower than the bare Alltoall with MPICH ch4:ucx, see docs/ARCHITECTURE.md "Fast paths" for
-what was measured.
+slower than the bare Alltoall with MPICH ch4:ucx, see benchmarks/README.md for what was
+measured.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from . import nn, optimizer, jit  # noqa: E402
 from .nn.layer import ParamAttr, create_parameter  # noqa: E402
 from .distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_plan,
                               shard_tensor, unshard_dtensor)
-from .distributed.mesh_groups import get_rank, get_world_size
+from .layout.mesh_groups import get_rank, get_world_size
 from .distributed.caches import cache_info
 from .distributed.visualize import visualize_sharding
 from .schema import coverage_report
@@ -66,3 +66,30 @@ from .parallel.pipeline import SplitPoint  # noqa: E402
 
 manual_seed = seed  # PyTorch's name for dt.seed  # noqa: E305,F405
 from .strategy import Strategy  # noqa: E402
+
+# the public names: the op functions (`ops.__all__`, from the registry) and these
+__all__ = ops.__all__ + [
+    # tensors, placements, meshes, dtypes, gradients
+    "Tensor", "is_tensor", "Partial", "ProcessMesh", "ReduceType", "Replicate", "Shard",
+    "bool_", "float16", "float32", "float64", "int32", "int64", "bfloat16",
+    "enable_grad", "grad", "is_grad_enabled", "no_grad", "set_grad_enabled", "no_sync",
+    "ParamAttr", "create_parameter", "manual_seed",
+    # the distributed entry points
+    "init_parallel_env", "get_rank", "get_world_size", "dtensor_from_local", "dtensor_to_local",
+    "reshard", "reshard_plan", "shard_tensor", "unshard_dtensor", "cache_info",
+    "visualize_sharding", "coverage_report", "DistModel", "to_static",
+    # the user layer
+    "load_state_dict", "save_state_dict", "ColWiseParallel", "ColwiseParallel", "DeviceMesh",
+    "DTensor", "Group", "LazyGuard", "LocalLayer", "ParallelStyle", "PlanBase",
+    "PrepareLayerInput", "PrepareLayerOutput", "ReduceOp", "RowWiseParallel", "RowwiseParallel",
+    "ShardingStage1", "ShardingStage2", "ShardingStage3", "shard_optimizer", "SequenceParallel",
+    "SequenceParallelBegin", "SequenceParallelDisable", "SequenceParallelEnable",
+    "SequenceParallelEnd", "ShardDataloader", "all_gather", "all_reduce", "barrier", "broadcast",
+    "distribute_tensor", "dtensor_from_fn", "fully_shard", "get_mesh", "init_device_mesh",
+    "local_map", "new_group", "parallelize", "parallelize_module", "reduce_scatter", "set_mesh",
+    "shard_dataloader", "shard_layer", "SplitPoint", "Strategy",
+    # the subpackages and modules (the API reference documents those listed here)
+    "nn", "optimizer", "jit", "io", "amp", "incubate", "pipelining", "parallel", "checkpoint",
+    "autograd", "distributed", "dispatch", "dtype", "generator", "grad_sync", "ops", "plan",
+    "schema", "tape", "tensor", "tensor_methods", "collectives",
+]

@@ -4,7 +4,7 @@ A call is *planned*, then *executed*:
 
 * :func:`apply` runs a registered op. All-dense inputs use the op's cached dense plan (one
   ``kernel`` instruction whose attrs are the call's); any distributed input asks
-  :func:`disttensor.distributed.planner.plan_call` for a plan (reshard instructions, the kernel
+  :func:`disttensor.layout.planner.plan_call` for a plan (reshard instructions, the kernel
   with local attrs and context, write-backs, alias edges), cached by (op, input layouts, shapes,
   dtypes, attrs) in a bounded cache.
 * :func:`apply_inplace` runs an op's ``op_`` variant: the same plan with the result stored
@@ -28,8 +28,8 @@ import numpy as np
 
 from spmd_rules import DistAttr
 
-from .distributed.dist_tensor import DistTensor
-from .distributed.planner import describe_inputs, plan_call
+from .layout.dist_tensor import DistTensor
+from .layout.planner import describe_inputs, plan_call
 from .plan import CallRecord, Instr, OutSpec, Plan, as_array
 from .schema import DENSE_CTX, OPS, OpDef
 from .tape import _GradMode, record, set_grad_enabled

@@ -40,8 +40,8 @@ from spmd_rules import DistAttr, ProcessMesh, local_shape, plan_reshard
 
 from .dispatch import run
 from .distributed.api import _to_local, reshard_to
-from .distributed.dist_tensor import DistTensor, canonical, canonical_mesh
-from .distributed.mesh_groups import coord_of, group_over
+from .layout.dist_tensor import DistTensor, canonical, canonical_mesh
+from .layout.mesh_groups import coord_of, group_over
 from .ops import cast
 from .plan import Instr, OutSpec, Plan
 from .schema import OPS, register

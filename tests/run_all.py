@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""THE test command: every suite, single-process and under mpiexec -n 1, 2, 3, 4.
+"""THE test command: the linter, then every suite, single-process and under mpiexec -n 1, 2, 3, 4.
 
     python tests/run_all.py [-k EXPR] [--np 2,4] [--timeout SECONDS] [extra pytest args...]
 
+0. ``ruff check .`` (the configuration is pyproject.toml's); not with ``-k`` (a selection runs
+   tests only) or ``--no-lint``.
 1. ``python -m pytest tests`` in one process (tests marked ``@pytest.mark.mpi`` are skipped there
    by pytest-mpi).
 2. For each world size n: ``mpiexec -n n python -m pytest --with-mpi -m mpi tests`` with
@@ -124,6 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--np", default="1,2,3,4", help="comma-separated MPI world sizes (default 1,2,3,4; 0 = none)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
     ap.add_argument("--no-single", action="store_true", help="skip the single-process run")
+    ap.add_argument("--no-lint", action="store_true", help="skip `ruff check .`")
     ap.add_argument("--results-dir", default=None, help="where per-rank output and junit files go")
     ap.add_argument("--mpiexec", default=None, help="mpiexec to use (default: found on PATH)")
     ap.add_argument("--rank-child", default=None, help=argparse.SUPPRESS)
@@ -147,6 +150,9 @@ def main(argv=None) -> int:
     common += extra
 
     summary = []  # (label, passed, failed, skipped, note)
+
+    if not (args.k or args.no_lint):
+        summary.append(lint())
 
     if not args.no_single:
         d = os.path.join(results, "single")
@@ -192,6 +198,20 @@ def main(argv=None) -> int:
         line += f", {skipped} skipped"
     print(line, flush=True)
     return 1 if failed else 0
+
+
+def lint():
+    """``ruff check .`` as a summary row: one check, passed or failed."""
+    cmd = [sys.executable, "-m", "ruff", "check", "."]
+    print(f"\n=== lint: {' '.join(cmd)}", flush=True)
+    t0 = time.monotonic()
+    try:
+        rc = subprocess.run(cmd, cwd=ROOT).returncode
+    except OSError as e:  # pragma: no cover
+        print(f"!!! lint: {e}")
+        rc = -1
+    note = f"({time.monotonic() - t0:.1f} s, exit {rc})"
+    return ("ruff check", int(rc == 0), int(rc != 0), 0, note)
 
 
 def _counts(junit: str, status_dir: str):

@@ -22,7 +22,7 @@ from spmd_rules import DistAttr, ProcessMesh, ReduceType
 
 from .. import dispatch
 from ..distributed import api
-from ..distributed.mesh_groups import get_world_size
+from ..layout.mesh_groups import get_world_size
 from ..dtype import float32
 from ..ops import assign, cast, copy_, logical_and, to_tensor, where, zeros
 from ..tape import no_grad

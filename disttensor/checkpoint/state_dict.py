@@ -36,7 +36,7 @@ from spmd_rules import DistAttr, Partial, ProcessMesh, Replicate, local_ranges, 
 
 from ..autograd import no_grad
 from ..distributed.api import dtensor_to_local, reshard
-from ..distributed.mesh_groups import get_rank
+from ..layout.mesh_groups import get_rank
 from ..tensor import Tensor
 from .metadata import VALUE_TYPES, file_in, read_metadata
 from .safetensors_format import read_block, read_header, to_safetensors_dtype, write_file

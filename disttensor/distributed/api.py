@@ -29,19 +29,19 @@ from collectives._common import CHECK_COLLECTIVES
 
 from ..dispatch import host_read, run
 from ..dtype import to_np_dtype
-from ..nn.layer import Parameter
 from ..ops import cast, setitem, to_tensor
+from ..parameter import Parameter
 from ..plan import Instr, OutSpec, Plan
 from ..schema import OPS, public, register
 from ..tape import _GradMode, set_grad_enabled
 from ..tensor import Tensor, array_module
 from .agreement import broadcast_from, check_from_local, check_reshard, check_shard_tensor
 from .agreement import flush_data_checks
-from .dist_tensor import (_MESH_IDS, _MESHES, DistTensor, canonical, canonical_mesh,
+from ..layout.dist_tensor import (_MESH_IDS, _MESHES, DistTensor, canonical, canonical_mesh,
                           empty_piece)
-from .mesh_groups import check_mesh, coord_of, group_over
-from .planner import reshard_instrs
-from .reshard import cut
+from ..layout.mesh_groups import check_mesh, coord_of, group_over
+from ..layout.planner import reshard_instrs
+from ..layout.reshard import cut
 
 __all__ = ["shard_tensor", "reshard", "reshard_to", "reshard_plan", "dtensor_from_local",
            "dtensor_to_local", "unshard_dtensor", "numpy", "local_value"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 import collectives
 
 from ..dispatch import PLAN_CACHE_LIMIT, plan_cache_info
-from . import agreement, api, dist_tensor, mesh_groups, reshard
+from ..layout import dist_tensor, mesh_groups, reshard
+from . import agreement, api
 
 __all__ = ["cache_info"]
 

@@ -10,7 +10,7 @@ import numpy as np
 from spmd_rules import DistAttr, local_ranges, local_slices
 
 from ..tensor import Tensor
-from .mesh_groups import get_rank
+from ..layout.mesh_groups import get_rank
 
 __all__ = ["visualize_sharding"]
 

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..distributed.mesh_groups import get_rank, get_world_size
+from ..layout.mesh_groups import get_rank, get_world_size
 
 __all__ = ["BatchSampler", "DistributedBatchSampler", "DistributedSampler"]
 

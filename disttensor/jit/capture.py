@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import dispatch
 from ..distributed.agreement import flush_data_checks
-from ..distributed.dist_tensor import DistTensor
+from ..layout.dist_tensor import DistTensor
 from ..generator import default_generator
 from ..ops import to_tensor
 from ..nn.layer import Layer

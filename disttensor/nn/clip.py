@@ -20,7 +20,7 @@ import numpy as np
 from spmd_rules import DistAttr, ProcessMesh, ReduceType
 
 from ..distributed import api  # (a module: api imports nn)
-from ..distributed.mesh_groups import coord_of
+from ..layout.mesh_groups import coord_of
 from ..ops import cast, full_like, maximum, sqrt, to_tensor, zeros
 from ..ops import clip as _clip
 from ..tape import no_grad

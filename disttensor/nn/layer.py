@@ -1,5 +1,5 @@
-"""``Layer``: the base class of models (Paddle's ``paddle.nn.Layer``), ``Parameter`` and
-``ParamAttr``.
+"""``Layer``: the base class of models (Paddle's ``paddle.nn.Layer``), ``ParamAttr`` and
+``Parameter`` (defined in ``disttensor/parameter.py``, below the runtime's user API).
 
 A Layer owns parameters, sublayers and buffers, registered by attribute assignment (a
 :class:`Parameter` -> parameter, a :class:`Layer` -> sublayer; buffers through
@@ -22,35 +22,12 @@ from ..tape import no_grad
 from ..dtype import is_floating, to_np_dtype
 from ..ops import cast, to_tensor, zeros, zeros_like
 from ..ops.common import as_tensor
+from ..parameter import Parameter
 from ..tensor import Tensor
 from .initializer import Constant, Initializer, XavierUniform
 from .torch_names import IncompatibleKeys, TorchLayerNames
 
 __all__ = ["Layer", "Parameter", "ParamAttr", "create_parameter", "IncompatibleKeys"]
-
-
-class Parameter(Tensor):
-    """A trainable leaf tensor: ``stop_gradient=False`` (unless not trainable),
-    ``persistable=True``, a unique ``name`` and ``optimize_attr["learning_rate"]`` (a multiplier
-    of the optimizer's learning rate)."""
-
-    __slots__ = ("optimize_attr",)
-
-    def __init__(self, value: Any, name: str, trainable: bool = True, learning_rate: float = 1.0):
-        super().__init__(value, stop_gradient=not trainable, name=name)
-        self.persistable = True
-        self.optimize_attr = {"learning_rate": float(learning_rate)}
-
-    @property
-    def trainable(self) -> bool:
-        return not self.stop_gradient
-
-    @trainable.setter
-    def trainable(self, value: bool) -> None:
-        self.stop_gradient = not value
-
-    def __repr__(self) -> str:
-        return "Parameter containing:\n" + super().__repr__()
 
 
 class ParamAttr:

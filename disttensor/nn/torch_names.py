@@ -4,10 +4,7 @@ by default as in PyTorch)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from .layer import Layer
+from typing import NamedTuple
 
 __all__ = ["IncompatibleKeys", "TorchLayerNames"]
 
@@ -20,7 +17,9 @@ class IncompatibleKeys(NamedTuple):
 
 
 class TorchLayerNames:
-    """``load_state_dict``, ``named_modules``, ``modules``, ``add_module`` and ``zero_grad``."""
+    """``load_state_dict``, ``named_modules``, ``modules``, ``add_module`` and ``zero_grad``
+    (every ``Layer`` is a ``TorchLayerNames``: the hints name this class, so this module needs
+    no import of ``layer``)."""
 
     def load_state_dict(self, state_dict: Mapping, strict: bool = True) -> IncompatibleKeys:
         """PyTorch's name for ``set_state_dict``, strict by default as in PyTorch: missing or
@@ -32,15 +31,15 @@ class TorchLayerNames:
         """
         return self.set_state_dict(state_dict, strict=strict)
 
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Layer"]]:
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "TorchLayerNames"]]:
         """(structured name, layer) for this layer (named ``prefix``) and every sublayer."""
         return self.named_sublayers(prefix, include_self=True)
 
-    def modules(self) -> Iterator["Layer"]:
+    def modules(self) -> Iterator["TorchLayerNames"]:
         """This layer and every sublayer."""
         return iter(self.sublayers(include_self=True))
 
-    def add_module(self, name: str, module: "Layer | None") -> "Layer | None":
+    def add_module(self, name: str, module: "TorchLayerNames | None") -> "TorchLayerNames | None":
         """PyTorch's name for ``add_sublayer``."""
         return self.add_sublayer(name, module)
 

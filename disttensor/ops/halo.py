@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from spmd_rules.conv import halo_plan, pool2d_out_hw, sweep
 
-from ..distributed.mesh_groups import group_along
+from ..layout.mesh_groups import group_along
 
 __all__ = ["halo_attrs", "extend", "fold", "out_size", "no_output", "extended_shapes"]
 

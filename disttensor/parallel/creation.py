@@ -26,7 +26,7 @@ import numpy as np
 from spmd_rules import DistAttr, Partial, Placement, ProcessMesh, local_slices
 
 from ..distributed.api import dtensor_from_local
-from ..distributed.mesh_groups import get_rank
+from ..layout.mesh_groups import get_rank
 from ..ops import creation as _creation
 from ..tensor import Tensor
 

@@ -27,7 +27,7 @@ from spmd_rules import DistAttr, Placement, ProcessMesh, local_slices
 
 from ..autograd import no_grad
 from ..distributed.api import dtensor_from_local
-from ..distributed.mesh_groups import get_rank
+from ..layout.mesh_groups import get_rank
 from ..nn import layer as _layer
 from ..nn.initializer import Constant, Initializer
 from ..nn.layer import Parameter

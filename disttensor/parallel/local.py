@@ -15,7 +15,7 @@ import collectives
 from spmd_rules import Placement, ProcessMesh
 
 from ..distributed.api import dtensor_from_local, dtensor_to_local, reshard
-from ..distributed.mesh_groups import get_rank
+from ..layout.mesh_groups import get_rank
 from ..nn.layer import Layer
 from ..tensor import Tensor
 

@@ -9,7 +9,7 @@ import numpy as np
 import collectives
 from spmd_rules import ProcessMesh, Replicate
 
-from ..distributed.mesh_groups import get_rank, get_world_size
+from ..layout.mesh_groups import get_rank, get_world_size
 from .communication import new_group
 
 __all__ = ["set_mesh", "get_mesh", "DeviceMesh", "init_device_mesh", "mesh_coord",

@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from ..autograd import backward
-from ..distributed.mesh_groups import get_rank
+from ..layout.mesh_groups import get_rank
 from ..jit.capture import StaticFunction
 from ..parallel.pipeline import pipeline_info, run_chunk
 from ..tape import no_grad

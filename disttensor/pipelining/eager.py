@@ -23,7 +23,7 @@ from spmd_rules import Replicate, Shard
 
 from ..autograd import backward
 from ..distributed.api import reshard, shard_tensor
-from ..distributed.mesh_groups import get_rank, world
+from ..layout.mesh_groups import get_rank, world
 from ..grad_sync import no_sync
 from ..ops import to_tensor
 from ..parallel.pipeline import StageOutput, pipeline_info, run_chunk

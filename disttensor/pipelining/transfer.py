@@ -16,8 +16,8 @@ import numpy as np
 
 from spmd_rules import ProcessMesh
 
-from ..distributed.dist_tensor import DistTensor
-from ..distributed.mesh_groups import world
+from ..layout.dist_tensor import DistTensor
+from ..layout.mesh_groups import world
 from ..tensor import DenseTensor, Tensor
 
 __all__ = ["send_tensor", "recv_tensor", "TAG_BASE"]

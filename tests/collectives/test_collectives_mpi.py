@@ -37,11 +37,11 @@ def g():
 @pytest.fixture
 def chunked(monkeypatch):
     """Force the chunked large-count path with a tiny limit."""
-    from collectives import _mpi
+    from collectives import _mpi_types
 
-    monkeypatch.setattr(_mpi, "NATIVE_LARGE_COUNT", False)
-    monkeypatch.setattr(_mpi, "MAX_COUNT", 5)
-    return _mpi
+    monkeypatch.setattr(_mpi_types, "NATIVE_LARGE_COUNT", False)
+    monkeypatch.setattr(_mpi_types, "MAX_COUNT", 5)
+    return _mpi_types
 
 
 def test_world_matches_comm(g, comm):
@@ -486,9 +486,9 @@ def test_all_to_all_packs_into_the_kept_buffer(g, monkeypatch):
     results equal the oracle, grow it, and never alias it."""
     if not collectives.is_mpi():
         pytest.skip("MPI backend only")
-    from collectives import _mpi
+    from collectives import _alltoall
 
-    monkeypatch.setattr(_mpi, "SCRATCH_MIN_BYTES", 0)
+    monkeypatch.setattr(_alltoall, "SCRATCH_MIN_BYTES", 0)
     k, me = g.size, g.rank
     results = []
     for rows, cols in ((3, 2 * k), (5, 4 * k + 1)):
@@ -499,7 +499,7 @@ def test_all_to_all_packs_into_the_kept_buffer(g, monkeypatch):
         results.append((got, expect.copy()))
     for got, expect in results:  # the second call did not write into the first result
         np.testing.assert_array_equal(got, expect)
-    assert _mpi._scratch[0].nbytes >= 5 * (4 * k + 1) * 8
+    assert _alltoall._scratch[0].nbytes >= 5 * (4 * k + 1) * 8
 
 
 @pytest.fixture
@@ -508,10 +508,10 @@ def shared(g, monkeypatch):
     the calls that took that path are recorded."""
     if not collectives.is_mpi():
         pytest.skip("MPI backend only")
-    from collectives import _mpi
+    from collectives import _alltoall
 
-    monkeypatch.setattr(_mpi, "SHARED_MIN_BYTES", 0)
-    monkeypatch.setattr(_mpi, "SHARED_MIN_RUN", 0)
+    monkeypatch.setattr(_alltoall, "SHARED_MIN_BYTES", 0)
+    monkeypatch.setattr(_alltoall, "SHARED_MIN_RUN", 0)
     taken = []
     written = type(g)._all_to_all_written
 

@@ -26,7 +26,7 @@ import numpy as np
 
 import disttensor as dt
 from disttensor import Partial, ReduceType, Replicate, Shard
-from disttensor.distributed.mesh_groups import coord_of
+from disttensor.layout.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.dispatch import apply
 from disttensor.ops.shape import normalize_index

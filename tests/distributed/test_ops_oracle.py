@@ -26,7 +26,7 @@ import pytest
 import collectives
 import disttensor as dt
 from disttensor import Partial, Replicate, Shard
-from disttensor.distributed.mesh_groups import coord_of
+from disttensor.layout.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.dispatch import apply, apply_inplace
 from disttensor.distributed.agreement import pending_data_checks

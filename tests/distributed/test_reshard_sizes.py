@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from disttensor.distributed.reshard import _extent, _sizes
+from disttensor.layout.reshard import _extent, _sizes
 from spmd_rules import DistAttr
 
 

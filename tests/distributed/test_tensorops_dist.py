@@ -11,7 +11,7 @@ import pytest
 import collectives
 import disttensor as dt
 from disttensor import Partial, Replicate, Shard
-from disttensor.distributed.mesh_groups import coord_of
+from disttensor.layout.mesh_groups import coord_of
 
 pytestmark = pytest.mark.mpi
 
