@@ -8,9 +8,9 @@ Prints JSON (rank 0). ``--resnet``: examples/resnet.py's model at the same globa
 the batch sharded over the ranks (data parallel) and with the images' H sharded (spatial):
 the median step time and, per rank, the peak bytes numpy allocated during one step beyond
 what was live before it (tracemalloc: activations, gradients, temporaries), the largest over
-the ranks. Without ``--resnet``: for each case (default ``[32, 64, 56, 56]`` float32, 64 output channels, 3x3,
-padding 1; ``--quick``: batch 4) the median times in ms of disttensor's forward, backward
-(``dt.autograd.backward`` with a given output gradient: the input and weight gradients) and
+the ranks. Without ``--resnet``: for each case (default ``[32, 64, 56, 56]`` float32, 64 output
+channels, 3x3, padding 1; ``--quick``: batch 4) the median times in ms of disttensor's forward,
+backward (``dt.autograd.backward`` with a given output gradient: the input and weight gradients) and
 their sum, the same for ``torch.nn.functional.conv2d``, and ``ratio`` = disttensor / torch
 (target <= 1.5). Each side is timed alternately, ``--repeat`` times, after one warm-up run.
 """

@@ -35,7 +35,8 @@ from .tape import _GradMode, record, set_grad_enabled
 from .tensor import DenseTensor, Holder, Tensor
 
 __all__ = ["apply", "apply_inplace", "run", "check_inplace_target", "add_recorder",
-           "remove_recorder", "add_write_watcher", "remove_write_watcher", "host_read", "wrap_array",
+           "remove_recorder", "add_write_watcher", "remove_write_watcher", "host_read",
+           "wrap_array",
            "note_undo", "plan_cache_info", "clear_plan_cache", "xp_of", "resolve_place",
            "dense_plan", "set_amp_policy"]
 

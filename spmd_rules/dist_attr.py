@@ -82,7 +82,8 @@ class DistAttr:
             elif isinstance(p, Partial):
                 partial.append((m, p.reduce_type))
             elif not isinstance(p, Replicate):
-                raise ValueError(f"placements {placements}: {p!r} is not a Shard, Replicate or Partial")
+                raise ValueError(f"placements {placements}: {p!r} is not a Shard, Replicate or "
+                                 "Partial")
         mapping = []
         for d, pairs in enumerate(shards):
             orders = [o for o, _ in pairs]
@@ -166,7 +167,8 @@ def local_slices(global_shape: Sequence[int], dist_attr: DistAttr,
                          f"but dist_attr has {dist_attr.ndim}")
     if len(coord) != len(dist_attr.mesh_shape) or not all(
             0 <= c < s for c, s in zip(coord, dist_attr.mesh_shape)):
-        raise ValueError(f"local_slices: coord {tuple(coord)} is not in mesh shape {dist_attr.mesh_shape}")
+        raise ValueError(f"local_slices: coord {tuple(coord)} is not in mesh shape "
+                         f"{dist_attr.mesh_shape}")
     out = []
     for size, dm in zip(global_shape, dist_attr.dims_mapping):
         start, stop = 0, int(size)

@@ -33,7 +33,8 @@ from spmd_rules import ProcessMesh
 from ..layout.dist_tensor import _CANON_IDS, _MESH_IDS, canonical, canonical_mesh
 from ..layout.mesh_groups import get_rank, get_world_size
 
-__all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_from", "check_shard_tensor",
+__all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_from",
+           "check_shard_tensor",
            "check_from_local", "check_reshard", "CACHE_LIMIT"]
 
 CACHE_LIMIT = 4096

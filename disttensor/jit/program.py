@@ -245,7 +245,8 @@ class Program:
         if mp is None:
             raise ValueError(f"program {self.name} was captured without a memory plan")
         a = mp.arena
-        return {"scope": self.plan_memory, "arena_bytes": a.size, "lower_bound_bytes": a.lower_bound,
+        return {"scope": self.plan_memory, "arena_bytes": a.size,
+                "lower_bound_bytes": a.lower_bound,
                 "no_reuse_bytes": a.no_reuse, "strategy": a.strategy, "tried": a.tried,
                 "vs_lower_bound": round(a.size / a.lower_bound, 4) if a.lower_bound else 1.0,
                 "eager_peak_bytes": eager_peak, "instructions": mp.n_steps,
@@ -633,7 +634,8 @@ def _codegen(prog: Program, sub: SubProgram, watch: "WriteWatch | None" = None) 
         if s.kind == "store":
             lines.append(f"    {fname}(r{s.writes[0]}, {args})")
         elif planned and s.takes_out:
-            lines.append(f"    r{s.outs[0]} = {fname}({args}{', ' if args else ''}out=B{s.outs[0]})")
+            lines.append(f"    r{s.outs[0]} = "
+                         f"{fname}({args}{', ' if args else ''}out=B{s.outs[0]})")
         elif len(s.outs) == 1:
             call = f"{fname}({args})"
             lines.append(f"    r{s.outs[0]} = {'_asarray(' + call + ')' if s.scalar_out else call}")

@@ -9,8 +9,15 @@ from typing import Any, Callable
 import numpy as np
 
 import collectives
-from spmd_rules import (DistAttr, ProcessMesh, ReshardPlan, Step, local_shape, local_slices,
-                         split_range)
+from spmd_rules import (
+    DistAttr,
+    ProcessMesh,
+    ReshardPlan,
+    Step,
+    local_shape,
+    local_slices,
+    split_range,
+)
 
 from ..tensor import array_module
 from .dist_tensor import empty_piece

@@ -5,9 +5,9 @@ The global norm of distributed gradients is computed with ordinary ops on the gr
 own layouts, so each element counts once: a sharded gradient's squared sum is a Partial scalar
 (summed across its shards), a replicated one is counted once, a Partial gradient is reduced
 before it is squared. The squared sums of one mesh are added while still Partial, so the
-total costs one all-reduce per mesh dim, whatever the number of gradients. Low-precision gradients are squared and summed in
-float32 (a GradScaler's ``unscale_`` then a clip works as in PyTorch). With ZeRO-2/3 the
-gradients are sharded, so the norm comes from the shards.
+total costs one all-reduce per mesh dim, whatever the number of gradients. Low-precision
+gradients are squared and summed in float32 (a GradScaler's ``unscale_`` then a clip works as in
+PyTorch). With ZeRO-2/3 the gradients are sharded, so the norm comes from the shards.
 """
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def _sq_sum(g: Tensor) -> Tensor:
 
 def global_norm(grads: Iterable[Tensor]) -> Tensor:
     """The 2-norm of all ``grads`` together, as a 0-d tensor (each element counted once; one
-    all-reduce per mesh dim for the total). Gradients on several meshes: their squared sums are combined on the
-    host, read by every rank."""
+    all-reduce per mesh dim for the total). Gradients on several meshes: their squared sums are
+    combined on the host, read by every rank."""
     by_mesh: dict = {}
     for g in grads:
         key = id(g.process_mesh) if g.is_dist() else None

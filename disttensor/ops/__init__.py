@@ -9,11 +9,33 @@ reduction -> matmul -> activation -> random -> embedding -> indexing -> norm -> 
 from __future__ import annotations
 
 from ..schema import API, OPS
-from . import (common, creation, elementwise, shape, reduction, matmul, activation, random,  # noqa: F401
-               embedding, indexing, norm, loss, optim)
-from . import math, einsum, statistics, scatter, sorting, sampling, subscript  # noqa: F401,E402
-from . import conv, pool  # noqa: F401,E402
-from . import attention, position, gated  # noqa: F401,E402
+from . import (  # noqa: F401  (each family module registers its ops)
+    activation,
+    attention,
+    common,
+    conv,
+    creation,
+    einsum,
+    elementwise,
+    embedding,
+    gated,
+    indexing,
+    loss,
+    math,
+    matmul,
+    norm,
+    optim,
+    pool,
+    position,
+    random,
+    reduction,
+    sampling,
+    scatter,
+    shape,
+    sorting,
+    statistics,
+    subscript,
+)
 
 globals().update(API)
 __all__ = sorted(API) + ["OPS"]

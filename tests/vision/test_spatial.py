@@ -1,5 +1,5 @@
-"""Spatial sharding: conv2d, max_pool2d and avg_pool2d on inputs sharded on H (1-D mesh) or on H and W
-(2 x 2 mesh), uneven heights, kernels 3 and 5, strides 1 and 2, dilation 2: values and
+"""Spatial sharding: conv2d, max_pool2d and avg_pool2d on inputs sharded on H (1-D mesh) or on H
+and W (2 x 2 mesh), uneven heights, kernels 3 and 5, strides 1 and 2, dilation 2: values and
 gradients equal numpy, the output keeps the spatial shards, and the only collectives are the
 neighbours' sendrecv (x is never all-gathered)."""
 from __future__ import annotations
@@ -15,8 +15,14 @@ import disttensor as dt
 from disttensor.nn import functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "distributed"))
-from references_vision import (_avg_pool2d, _avg_pool2d_grad, _conv2d,  # noqa: E402
-                               _conv2d_grad, _max_pool2d, _max_pool2d_grad)
+from references_vision import (  # noqa: E402
+    _avg_pool2d,
+    _avg_pool2d_grad,
+    _conv2d,
+    _conv2d_grad,
+    _max_pool2d,
+    _max_pool2d_grad,
+)
 
 pytestmark = pytest.mark.mpi
 
