@@ -32,8 +32,9 @@ from mpi4py import MPI
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples")]
 
-import disttensor as dt  # noqa: E402
 import train  # noqa: E402
+
+import disttensor as dt  # noqa: E402
 from disttensor.jit import peak_bytes  # noqa: E402
 
 #: mode -> (amp level, partial sums rounded once after the reduction)

@@ -27,8 +27,9 @@ import numpy as np  # noqa: E402
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples"), os.path.join(_ROOT, "benchmarks")]
 
-import disttensor as dt  # noqa: E402
 import train  # noqa: E402
+
+import disttensor as dt  # noqa: E402
 
 STEPS, INIT = 20, 5  # steps; the generator state train.build starts from
 

@@ -38,9 +38,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples"),
                  os.path.dirname(os.path.abspath(__file__))]
 
-import disttensor as dt  # noqa: E402
 import train  # noqa: E402
 from mlp_step import Sizes, bench_mlp  # noqa: E402
+
+import disttensor as dt  # noqa: E402
 
 
 def _median(ts: list[float]) -> float:

@@ -21,9 +21,10 @@ they have posted theirs, on a table of ``world_size`` members) and to a steady-s
 ``reshard`` (a cached rank-agreement lookup). Ops between the entry points
 (``dispatch.apply``) run no agreement code: there is none on that path. Measured twice: wall
 time (``failure_policy_us_per_call``) and this thread's CPU time
-(``failure_policy_cpu_us_per_call``: what the code costs, whatever the load on the machine). ``headers``: the 4 KB
-all_reduce and all_gather with the group's header table against the same calls without it
-(every rank toggles it together, alternating batches), the end-to-end price of the check.
+(``failure_policy_cpu_us_per_call``: what the code costs, whatever the load on the machine).
+``headers``: the 4 KB all_reduce and all_gather with the group's header table against the same
+calls without it (every rank toggles it together, alternating batches), the end-to-end price of
+the check.
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import collectives  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+
+import collectives  # noqa: E402
 
 
 def timed(comm, fn):
@@ -104,9 +106,12 @@ def cases(g, comm, nbytes):
     out["reduce_scatter axis=1"] = (lambda: g.reduce_scatter(x1, "sum", 1), raw_reduce_scatter)
     rs0 = [rows // k] * k
     rs1 = [x1.shape[1] // k] * k if x1.shape[1] % k == 0 else None
-    out["all_to_all split=0 concat=0"] = (lambda: g.all_to_all(x0, 0, 0, recv_sizes=rs0), raw_alltoall)
-    out["all_to_all split=1 concat=1"] = (lambda: g.all_to_all(x1, 1, 1, recv_sizes=rs1), raw_alltoall)
-    out["all_to_all split=0 concat=1 (recv sizes exchanged)"] = (lambda: g.all_to_all(x0, 0, 1), raw_alltoall)
+    out["all_to_all split=0 concat=0"] = (lambda: g.all_to_all(x0, 0, 0, recv_sizes=rs0),
+                                          raw_alltoall)
+    out["all_to_all split=1 concat=1"] = (lambda: g.all_to_all(x1, 1, 1, recv_sizes=rs1),
+                                          raw_alltoall)
+    out["all_to_all split=0 concat=1 (recv sizes exchanged)"] = (lambda: g.all_to_all(x0, 0, 1),
+                                                                 raw_alltoall)
     return out
 
 
@@ -264,7 +269,8 @@ def main():
     sizes = [float(v) for v in a.sizes_mb.split(",")]
     reps = [int(v) for v in a.reps.split(",")]
     reps += [reps[-1]] * (len(sizes) - len(reps))
-    result = {"world_size": g.size, "dtype": "float32", "mpi": MPI.Get_library_version().splitlines()[0],
+    result = {"world_size": g.size, "dtype": "float32",
+              "mpi": MPI.Get_library_version().splitlines()[0],
               "native_large_count":
                   __import__("collectives._mpi_types", fromlist=["x"]).NATIVE_LARGE_COUNT,
               "results": {}}

@@ -68,7 +68,7 @@ LN_EPS = 1e-5
 GELU_C, GELU_A = math.sqrt(2.0 / math.pi), 0.044715
 
 
-# -- the step by hand: numpy + mpi4py ---------------------------------------------------------------
+# -- the step by hand: numpy + mpi4py --------------------------------------------------------------
 
 class HandGPT:
     """train.py's GPT on this rank's pieces of a [dp, mp] mesh, forward/backward/AdamW by hand.
@@ -209,7 +209,8 @@ class HandGPT:
                 da2, p[pre + "ln2.weight"], ln2)
             dh = dh + dx
             grads[pre + "attn.proj.bias"] = dh.reshape(-1, d).sum(0)
-            dy, grads[pre + "attn.proj.weight"], _ = self._lin_bwd(dh, y, p[pre + "attn.proj.weight"])
+            dy, grads[pre + "attn.proj.weight"], _ = self._lin_bwd(dh, y,
+                                                                   p[pre + "attn.proj.weight"])
             dy = dy.reshape(b, s, hl, hd).transpose(0, 2, 1, 3)
             datt = dy @ v.transpose(0, 1, 3, 2)
             dv = att.transpose(0, 1, 3, 2) @ dy
@@ -302,8 +303,12 @@ def dtensor_step_fn(params: dict, cfg: tuple, dp: int, mp: int):
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   loss_parallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
     torch.set_num_threads(1)
     if not dist.is_initialized():
         from mpi4py import MPI
@@ -423,8 +428,9 @@ def _median_step(step, batches, warmup: int, steps: int, barrier) -> dict:
 
 
 def worker(size: str, dp: int, mp: int, warmup: int, steps: int, bucket_mb: float) -> dict:
-    import disttensor as dt
     import train
+
+    import disttensor as dt
     from disttensor import grad_sync
     cfg = SIZES[size]
     vocab, seq, d, heads, layers, batch = cfg

@@ -24,7 +24,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt  # noqa: E402  (sets single-threaded BLAS, puts the repository and examples/ first)
-
 import numpy as np  # noqa: E402
 
 SIZES = {**gpt.SIZES, "xl": (1024, 128, 1024, 16, 4, 16)}
@@ -42,8 +41,9 @@ def _gpu_note() -> str | None:
 
 def _dt_step(cfg: tuple, device: str, captured: bool, params: dict):
     """(step(tokens, labels) -> loss, global weights by name) for disttensor on ``device``."""
-    import disttensor as dt
     import train
+
+    import disttensor as dt
     vocab, seq, d, heads, layers, _ = cfg
     dt.seed(2026)
     model = train.GPT(vocab, seq, d, heads, layers)

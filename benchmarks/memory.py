@@ -17,8 +17,8 @@ Prints JSON on rank 0:
   temporary); median step times (the modes timed in turn, step by step) and
   ``time_*_vs_unplanned`` (target <= 1.0);
 * ``liveness_4000_ops_ms``: worklist liveness of a synthetic program shaped like the
-  memory-planning example's se-resnext (residual blocks, a backward that reads the saved activations), median (target
-  <= 20 ms);
+  memory-planning example's se-resnext (residual blocks, a backward that reads the saved
+  activations), median (target <= 20 ms);
 * ``plan_8000_buffers_ms``: the arena planner on 8000 buffers of a training step's shape (half
   of the forward activations saved for backward), median (target <= 250 ms), and
   ``plan_8000_until_the_bound_ms``: the strategies tried until one reaches the bound exactly.
@@ -38,11 +38,11 @@ from mpi4py import MPI
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples")]
 
-import disttensor as dt  # noqa: E402
 import train  # noqa: E402
+
+import disttensor as dt  # noqa: E402
 from disttensor.jit import peak_bytes  # noqa: E402
-from disttensor.jit.memory import (STRATEGIES, Block, Buffer, aligned, live_ranges,  # noqa: E402
-                                   plan_arena)
+from disttensor.jit.memory import STRATEGIES, Block, Buffer, aligned, live_ranges, plan_arena  # noqa: E402
 
 
 def _max_over_ranks(x: int) -> int:
@@ -110,8 +110,8 @@ MODES = {"eager": None, "unplanned": False, "planned": "kernels", "planned_all":
 
 def example_program(n_ops: int = 4000) -> tuple[list[Block], int]:
     """A straight-line training program like the memory-planning example's se-resnext:
-    forward residual blocks of three ops and an add, then a backward op per forward op reading the gradient, the op's
-    input and its output."""
+    forward residual blocks of three ops and an add, then a backward op per forward op reading
+    the gradient, the op's input and its output."""
     instrs, fwd, n = [], [], 1
     x = 0
     while len(instrs) < n_ops // 2:

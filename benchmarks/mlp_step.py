@@ -14,6 +14,7 @@ import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import Replicate, Shard
 
+
 class Sizes:
     def __init__(self, batch: int, din: int, hidden: int, classes: int):
         self.batch, self.din, self.hidden, self.classes = batch, din, hidden, classes

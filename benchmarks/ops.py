@@ -37,8 +37,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import disttensor as dt  # noqa: E402
 import kernels  # noqa: E402  (benchmarks/kernels.py, beside this script: cases and timing)
+
+import disttensor as dt  # noqa: E402
 from disttensor.ops import fast  # noqa: E402
 
 TARGET_US = {"no_grad_recording": 3.0, "grad_recording": 6.0}

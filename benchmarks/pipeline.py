@@ -30,9 +30,10 @@ import numpy as np
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples")]
 
+import train  # noqa: E402
+
 import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
-import train  # noqa: E402
 from disttensor.layout.mesh_groups import world  # noqa: E402
 from disttensor.pipelining.captured import CapturedSchedule  # noqa: E402
 

@@ -85,7 +85,8 @@ def interleaved(comm, fns: dict, rounds: int, inner: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["4KB", "64KB", "1MB", "16MB", "64MB"],
                     help="bytes of the local piece per rank")
     ap.add_argument("--cases", nargs="+", default=None, help="subset of the case names")

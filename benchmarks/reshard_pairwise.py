@@ -19,9 +19,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from reshard import swap_with  # noqa: E402  (benchmarks/reshard.py, beside this script)
+
 import disttensor as dt  # noqa: E402
 from disttensor import ProcessMesh, Replicate, Shard  # noqa: E402
-from reshard import swap_with  # noqa: E402  (benchmarks/reshard.py, beside this script)
 
 
 def timed(comm, fn, repeats: int) -> float:

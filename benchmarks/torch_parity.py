@@ -111,7 +111,8 @@ def main() -> dict:
     out = {"benchmark": "torch_parity", "torch": torch.__version__, "steps": STEPS,
            "loss_disttensor": ours, "loss_torch": theirs, "max_rel_loss_diff": max(rel),
            "max_rel_param_diff_after": param_rel,
-           "param_diff_excludes": "attn.k.bias (zero exact gradient)", "within_1e-5": max(rel) <= 1e-5}
+           "param_diff_excludes": "attn.k.bias (zero exact gradient)",
+           "within_1e-5": max(rel) <= 1e-5}
     print(json.dumps(out, indent=1))
     return out
 

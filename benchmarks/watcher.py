@@ -38,7 +38,8 @@ def watchers() -> int:
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                with open(f"/proc/{name}/cmdline", "rb") as f, open(f"/proc/{name}/environ", "rb") as e:
+                with open(f"/proc/{name}/cmdline", "rb") as f, \
+                        open(f"/proc/{name}/environ", "rb") as e:
                     n += script in f.read() and MARK.encode() in e.read().split(b"\0")
             except OSError:
                 pass

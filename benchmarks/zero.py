@@ -12,9 +12,10 @@ the rank holding the most:
 * ``paper``: the ZeRO paper's accounting for Ψ parameters on N ranks — parameters 4Ψ, gradients
   4Ψ, moments 8Ψ; stage 0: 16Ψ, stage 1: 8Ψ + 8Ψ/N, stage 2: 4Ψ + 12Ψ/N, stage 3: 16Ψ/N —
   with Ψ/N taken per tensor as its largest piece (uneven splits rounded up);
-* ``ratio_to_paper`` per kind and ``total_ratio_to_paper`` (target within 1 ± 0.05) and ``step_ms`` (median, slowest rank; the four
-  stages' steps interleaved) with ``step_ratio_to_stage0``. Ranks outside a smaller mesh wait
-  in a barrier, which on an oversubscribed machine takes CPU from the ones working.
+* ``ratio_to_paper`` per kind and ``total_ratio_to_paper`` (target within 1 ± 0.05) and
+  ``step_ms`` (median, slowest rank; the four stages' steps interleaved) with
+  ``step_ratio_to_stage0``. Ranks outside a smaller mesh wait in a barrier, which on an
+  oversubscribed machine takes CPU from the ones working.
 
 ``grad_sync``: backward (where the sync runs) and whole-step times, medians, of one
 data-parallel model on every rank with 25 MB gradient buckets against one all-reduce per

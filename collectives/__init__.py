@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
+from . import failure
 from ._common import (
     COLLECTIVE_NAMES,
     REDUCE_OPS,
@@ -169,9 +170,11 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
         raise ValueError(f"new_group: ranks {list(key)} contain duplicates")
     bad = [r for r in key if not 0 <= r < w.size]
     if bad:
-        raise ValueError(f"new_group: ranks {bad} out of range for world size {w.size} (ranks={list(key)})")
+        raise ValueError(f"new_group: ranks {bad} out of range for world size {w.size} "
+                         f"(ranks={list(key)})")
     if me not in key:
-        raise ValueError(f"new_group: caller (global rank {me}) is not in ranks {list(key)}; only members may call new_group")
+        raise ValueError(f"new_group: caller (global rank {me}) is not in ranks {list(key)}; only "
+                         "members may call new_group")
     with _lock:
         g = _groups.get(key)
         if g is not None:

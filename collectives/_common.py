@@ -60,7 +60,8 @@ def as_array(x: Any, name: str, what: str):
     try:
         return np.asarray(x)
     except Exception as e:  # pragma: no cover - defensive
-        raise TypeError(f"{name}: argument '{what}' must be an array, got {type(x).__name__}") from e
+        raise TypeError(f"{name}: argument '{what}' must be an array, got "
+                        f"{type(x).__name__}") from e
 
 
 def describe(x) -> str:
@@ -96,7 +97,8 @@ def normalize_op(op: Any, name: str) -> str:
     if s not in REDUCE_OPS and "." in s:  # e.g. str(ReduceType.SUM) == 'ReduceType.SUM'
         s = s.rsplit(".", 1)[1]
     if s not in REDUCE_OPS:
-        raise ValueError(f"{name}: unsupported reduce op {op!r}; expected one of {list(REDUCE_OPS)}")
+        raise ValueError(f"{name}: unsupported reduce op {op!r}; expected one of "
+                         f"{list(REDUCE_OPS)}")
     return s
 
 
@@ -155,7 +157,8 @@ def norm_axis(axis: Any, ndim: int, name: str, what: str, shape) -> int:
     try:
         a = int(axis)
     except Exception:
-        raise TypeError(f"{name}: argument '{what}'={axis!r} must be an int (array shape={tuple(shape)})")
+        raise TypeError(f"{name}: argument '{what}'={axis!r} must be an int (array "
+                        f"shape={tuple(shape)})")
     if not -ndim <= a < ndim:
         raise ValueError(
             f"{name}: argument '{what}'={axis} is out of range for an array of shape "
@@ -178,7 +181,8 @@ def offsets(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def check_sizes(sizes: Optional[Sequence[int]], k: int, name: str, what: str, total: Optional[int], shape) -> Optional[list[int]]:
+def check_sizes(sizes: Optional[Sequence[int]], k: int, name: str, what: str, total: Optional[int],
+                shape) -> Optional[list[int]]:
     if sizes is None:
         return None
     try:
@@ -186,13 +190,14 @@ def check_sizes(sizes: Optional[Sequence[int]], k: int, name: str, what: str, to
     except Exception:
         raise TypeError(f"{name}: argument '{what}' must be a sequence of ints, got {sizes!r}")
     if len(lst) != k:
-        raise ValueError(f"{name}: argument '{what}'={lst} must have one entry per group rank ({k})")
+        raise ValueError(f"{name}: argument '{what}'={lst} must have one entry per group rank "
+                         f"({k})")
     if any(s < 0 for s in lst):
         raise ValueError(f"{name}: argument '{what}'={lst} has a negative size")
     if total is not None and sum(lst) != total:
         raise ValueError(
-            f"{name}: argument '{what}'={lst} sums to {sum(lst)} but the array (shape={tuple(shape)}) "
-            f"has {total} along the split axis"
+            f"{name}: argument '{what}'={lst} sums to {sum(lst)} but the array "
+            f"(shape={tuple(shape)}) has {total} along the split axis"
         )
     return lst
 
@@ -203,7 +208,8 @@ def check_peer(peer: Any, size: int, name: str, what: str) -> int:
     except Exception:
         raise TypeError(f"{name}: argument '{what}'={peer!r} must be an int group rank")
     if not 0 <= p < size:
-        raise ValueError(f"{name}: argument '{what}'={p} is out of range for a group of size {size}")
+        raise ValueError(f"{name}: argument '{what}'={p} is out of range for a group of size "
+                         f"{size}")
     return p
 
 

@@ -10,10 +10,9 @@ cupy is imported lazily: nothing here runs unless a cupy array is passed in.
 """
 from __future__ import annotations
 
-from math import prod
-
 import os
 import socket
+from math import prod
 
 import numpy as np
 

@@ -46,8 +46,8 @@ def _missing(ranks: tuple, index: int, states: dict) -> list:
 
 
 def diagnose(me: int, states: dict, window: float) -> Optional[tuple[int, str, list]]:
-    """``(rank to blame, report, ranks concerned)`` when rank ``me``'s collective (``states[me]``, an "in"
-    state) can never complete, else None (keep waiting).
+    """``(rank to blame, report, ranks concerned)`` when rank ``me``'s collective
+    (``states[me]``, an "in" state) can never complete, else None (keep waiting).
 
     It cannot when a member it waits for has already issued more calls on the group than this
     one (it went past it), or when every rank it waits for, directly or through the ranks those

@@ -22,9 +22,9 @@ is the rank:
   the parent's pid and start time). After :data:`GRACE` s every watcher reads the records; the
   rank that died first, among deaths other than by SIGKILL when there are any (the process
   manager stops the others with SIGKILL) and preferring one whose peers were all healthy then
-  (the process manager kills the others only after it), is blamed by its own watcher, which claims the job and
-  prints ``[disttensor] job aborted: rank K (pid P on host H) was killed by signal N (NAME);
-  ranks [...] were stopped because of it``.
+  (the process manager kills the others only after it), is blamed by its own watcher, which
+  claims the job and prints ``[disttensor] job aborted: rank K (pid P on host H) was killed by
+  signal N (NAME); ranks [...] were stopped because of it``.
 
 Nothing is printed for an exit with status 0 (or an unknown status while a peer exited
 normally: every rank may leave by ``os._exit(0)``), when the parent was gone (MPI's own abort),

@@ -220,10 +220,12 @@ class ProcessGroup:
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
         other = x.shape[:axis] + (None,) + x.shape[axis + 1:]
         return (axis, sizes), (("shape(except axis)", other), ("dtype", x.dtype.str),
-                               ("axis", axis), ("sizes", None if sizes is None else tuple(sizes))), \
+                               ("axis", axis),
+                               ("sizes", None if sizes is None else tuple(sizes))), \
             shp, header(name, None, x.itemsize * prod(x.shape[:axis] + x.shape[axis + 1:]))
 
-    def reduce_scatter(self, x, op: Any = "sum", axis: int = 0, sizes: Optional[Sequence[int]] = None, *, out=None):
+    def reduce_scatter(self, x, op: Any = "sum", axis: int = 0,
+                       sizes: Optional[Sequence[int]] = None, *, out=None):
         """Reduce equal-shaped ``x`` across ranks; rank i gets piece i of the split along ``axis``
         (``numpy.array_split`` sizes, or ``sizes``)."""
         if type(x) is not np.ndarray:
@@ -247,7 +249,8 @@ class ProcessGroup:
                                    ("axis", axis), ("sizes", tuple(sizes))), shp, \
             header(name, op, x.nbytes)
 
-    def all_to_all(self, x, split_axis: int, concat_axis: int, split_sizes: Optional[Sequence[int]] = None,
+    def all_to_all(self, x, split_axis: int, concat_axis: int,
+                   split_sizes: Optional[Sequence[int]] = None,
                    recv_sizes: Optional[Sequence[int]] = None, *, out=None):
         """Split ``x`` along ``split_axis`` into ``size`` pieces (array_split or ``split_sizes``),
         send piece j to rank j, concatenate what arrives along ``concat_axis`` in source order.
@@ -276,7 +279,8 @@ class ProcessGroup:
                 raise ValueError(f"{name}: argument 'out' needs 'recv_sizes' to be given")
             C.check_out(out, shp, x.dtype, name, C.is_cupy(x))
         other = tuple(None if i in (s, c) else d for i, d in enumerate(x.shape))
-        return (s, c, ssizes, rsizes), (("shape(except split/concat)", other), ("dtype", x.dtype.str),
+        return (s, c, ssizes, rsizes), (("shape(except split/concat)", other),
+                                        ("dtype", x.dtype.str),
                                         ("split_axis", s), ("concat_axis", c)), shp, \
             header(name, None, x.itemsize * prod(d for d in other if d is not None))
 
@@ -356,7 +360,8 @@ class ProcessGroup:
             return None
         self._send(x, dst, int(tag))
 
-    def recv(self, shape: Sequence[int], dtype: Any, src: int, tag: int = 0, *, like=None, out=None):
+    def recv(self, shape: Sequence[int], dtype: Any, src: int, tag: int = 0, *, like=None,
+             out=None):
         """Receive an array of ``shape``/``dtype`` from group rank ``src``. ``like`` (a cupy
         array) asks for a cupy result; ``out`` is a C-contiguous writable buffer to fill."""
         name = "recv"
@@ -371,10 +376,12 @@ class ProcessGroup:
         if src == self.rank:
             q = self._self_queue[int(tag)]
             if not q:
-                raise RuntimeError(f"{name}: no message from oneself (rank {self.rank}) with tag {tag} was sent")
+                raise RuntimeError(f"{name}: no message from oneself (rank {self.rank}) with tag "
+                                   f"{tag} was sent")
             data = q.popleft()
             if tuple(data.shape) != shape or np.dtype(data.dtype) != dtype:
-                raise ValueError(f"{name}: message from oneself has {C.describe(data)}, expected shape={shape} dtype={dtype.name}")
+                raise ValueError(f"{name}: message from oneself has {C.describe(data)}, expected "
+                                 f"shape={shape} dtype={dtype.name}")
             if out is not None:
                 out[...] = data
                 return out
@@ -548,7 +555,8 @@ class LocalGroup(ProcessGroup):
         if rsizes is not None:
             expect = ssizes[0] if s == c else x.shape[c]
             if rsizes[0] != expect:
-                raise ValueError(f"all_to_all: recv_sizes={rsizes} but this rank sends itself {expect} along axis {c}")
+                raise ValueError(f"all_to_all: recv_sizes={rsizes} but this rank sends itself "
+                                 f"{expect} along axis {c}")
         return _finish(x.copy(), out)
 
     def _broadcast(self, x, src, out):

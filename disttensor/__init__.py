@@ -4,21 +4,97 @@ from __future__ import annotations
 import collectives
 from spmd_rules import Partial, ProcessMesh, ReduceType, Replicate, Shard
 
-from . import dtype, ops, autograd, tensor_methods  # noqa: F401  (registers ops, binds methods)
+# importing ops registers every op; tensor_methods binds the registered methods to Tensor
+from . import (
+    amp,
+    autograd,
+    checkpoint,
+    dispatch,
+    distributed,
+    dtype,
+    generator,
+    grad_sync,
+    incubate,
+    io,
+    jit,
+    nn,
+    ops,
+    optimizer,
+    parallel,
+    pipelining,
+    plan,
+    schema,
+    tape,
+    tensor,
+    tensor_methods,
+)
 from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled
-from .dtype import bool_, float16, float32, float64, int32, int64
-from .ops import *  # noqa: F401,F403
-from .ops import OPS
-from .tensor import Tensor, is_tensor
-from . import nn, optimizer, jit  # noqa: E402
-from .nn.layer import ParamAttr, create_parameter  # noqa: E402
-from .distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_plan,
-                              shard_tensor, unshard_dtensor)
-from .layout.mesh_groups import get_rank, get_world_size
+from .checkpoint import load_state_dict, save_state_dict
+from .distributed.api import (
+    dtensor_from_local,
+    dtensor_to_local,
+    reshard,
+    reshard_plan,
+    shard_tensor,
+    unshard_dtensor,
+)
 from .distributed.caches import cache_info
 from .distributed.visualize import visualize_sharding
-from .schema import coverage_report
+from .dtype import bfloat16, bool_, float16, float32, float64, int32, int64
+from .grad_sync import no_sync
 from .jit import DistModel, to_static
+from .layout.mesh_groups import get_rank, get_world_size
+from .nn.layer import ParamAttr, create_parameter
+from .ops import *  # noqa: F403
+from .ops import OPS  # noqa: F401  (in ops.__all__)
+from .parallel import (
+    ColWiseParallel,
+    ColwiseParallel,
+    DeviceMesh,
+    DTensor,
+    Group,
+    LazyGuard,
+    LocalLayer,
+    ParallelStyle,
+    PlanBase,
+    PrepareLayerInput,
+    PrepareLayerOutput,
+    ReduceOp,
+    RowWiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    SequenceParallelBegin,
+    SequenceParallelDisable,
+    SequenceParallelEnable,
+    SequenceParallelEnd,
+    ShardDataloader,
+    ShardingStage1,
+    ShardingStage2,
+    ShardingStage3,
+    all_gather,
+    all_reduce,
+    barrier,
+    broadcast,
+    distribute_tensor,
+    dtensor_from_fn,
+    fully_shard,
+    get_mesh,
+    init_device_mesh,
+    local_map,
+    new_group,
+    parallelize,
+    parallelize_module,
+    reduce_scatter,
+    set_mesh,
+    shard_dataloader,
+    shard_layer,
+    shard_optimizer,
+)
+from .parallel.pipeline import SplitPoint
+from .schema import coverage_report
+from .tensor import Tensor, is_tensor
+
+__version__ = "0.1.0"
 
 
 def init_parallel_env(timeout: float | None = None) -> None:

@@ -17,8 +17,7 @@ from .distributed.agreement import flush_data_checks
 from .grad_sync import LeafGradSync, to_leaf_layout
 from .ops import cast, ones_like
 from .schema import public
-from .tape import (GradNode, _GradMode, edge, enable_grad, is_grad_enabled,  # noqa: F401
-                   no_grad, set_grad_enabled)
+from .tape import GradNode, _GradMode, edge, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 from .tensor import Tensor
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad",

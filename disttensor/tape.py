@@ -12,8 +12,8 @@ tensors, follow SPMD rules) like the forward.
 from __future__ import annotations
 
 import contextlib
-import weakref
 import functools
+import weakref
 from typing import Callable, Sequence
 
 from .tensor import Tensor

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-
 __all__ = ["Holder", "DenseTensor", "Tensor", "is_tensor", "array_module"]
 
 

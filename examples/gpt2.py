@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import language_model  # noqa: E402
+
 import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
 from disttensor import nn  # noqa: E402
-
-import language_model  # noqa: E402
 
 
 @dataclass

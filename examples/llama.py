@@ -20,13 +20,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import language_model  # noqa: E402
+
 import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
 from disttensor import nn  # noqa: E402
-from disttensor.incubate.nn.functional import (  # noqa: E402
-    fused_rotary_position_embedding, swiglu)
-
-import language_model  # noqa: E402
+from disttensor.incubate.nn.functional import fused_rotary_position_embedding, swiglu  # noqa: E402
 
 
 @dataclass

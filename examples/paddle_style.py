@@ -21,9 +21,9 @@ import argparse
 
 import numpy as np
 
-import disttensor as paddle                      # was: import paddle
-import disttensor as dist                        # was: import paddle.distributed as dist
-from disttensor.io import BatchSampler, DataLoader, Dataset   # was: from paddle.io import ...
+import disttensor as dist  # was: import paddle.distributed as dist
+import disttensor as paddle  # was: import paddle
+from disttensor.io import BatchSampler, DataLoader, Dataset  # was: from paddle.io import ...
 
 
 class RandomDataset(Dataset):

@@ -17,9 +17,9 @@ import argparse
 
 import numpy as np
 
-import disttensor as torch                       # was: import torch
-import disttensor as dist                        # was: torch.distributed(.tensor/.fsdp)
-import disttensor.nn.functional as F             # was: torch.nn.functional
+import disttensor as dist  # was: torch.distributed(.tensor/.fsdp)
+import disttensor as torch  # was: import torch
+import disttensor.nn.functional as F  # was: torch.nn.functional
 from disttensor import Replicate, Shard, nn
 
 

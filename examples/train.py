@@ -33,7 +33,6 @@ import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import Replicate, Shard, nn
 
-
 # -- models -----------------------------------------------------------------------------------
 
 class MLP(nn.Layer):

@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     ap.add_argument("--nproc", "-n", type=int, required=True, help="number of ranks")
-    ap.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="per-rank logs go here (default ./log)")
+    ap.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
+                    help="per-rank logs go here (default ./log)")
     ap.add_argument("--gpus", action="store_true", help="CUDA_VISIBLE_DEVICES = local rank")
     ap.add_argument("--quiet-others", action="store_true", help="only rank 0 prints to the console")
     ap.add_argument("--mpiexec", default=None, help="mpiexec executable (default: found on PATH)")
@@ -150,7 +151,8 @@ def main(argv=None) -> int:
         return 2
     mpiexec = args.mpiexec or find_mpiexec()
     if mpiexec is None:
-        print("launch: no mpiexec found on PATH (pip install mpich, or pass --mpiexec)", file=sys.stderr)
+        print("launch: no mpiexec found on PATH (pip install mpich, or pass --mpiexec)",
+              file=sys.stderr)
         return 2
     log_dir = os.path.abspath(args.log_dir)
     os.makedirs(log_dir, exist_ok=True)

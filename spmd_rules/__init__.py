@@ -30,24 +30,60 @@ rank in the mesh):
   axes and divide by the global count;
 - Partial(avg) is treated like Partial(sum) by the linear rules (both are linear).
 """
-from .placement import (LINEAR_REDUCE_TYPES, LOGICAL_REDUCE_TYPES, Partial, Placement, ReduceType,
-                        Replicate, Shard)
-from .mesh import ProcessMesh
+from . import (  # noqa: F401  (these modules register their rules)
+    along_axis,
+    concat,
+    contraction,
+    conv,
+    cross_entropy,
+    elementwise,
+    embedding,
+    indexing,
+    matmul,
+    reduction,
+    replicated,
+    softmax,
+)
+from .base import (
+    FALLBACK_RULE,
+    RULES,
+    Rule,
+    SpmdResult,
+    TensorMeta,
+    get_rule,
+    register_rule,
+    rule_coverage,
+)
 from .dist_attr import DistAttr, local_offset, local_shape, local_slices, split_range
 from .dist_attr import local_ranges, locate, piece_length, strided_ranges
 from .base import (FALLBACK_RULE, RULES, Rule, SpmdResult, TensorMeta, get_rule, register_rule,
                    rule_coverage)
 from .einsum import broadcast_notations, contracted_partial, layout, linear_partial, merge_shardings
-from .reshape import (Broadcast, DimTrans, Flatten, InputDim, Repeat, Singleton, Split,
-                      infer_dim_trans, make_reshape_dim_trans)
-from .view import parse_index
-from .redistribute import ReshardPlan, Step, plan_reshard, plan_same_mesh, reshard_cost
+from .mesh import ProcessMesh
 from .norm import channel_axis
+from .placement import (
+    LINEAR_REDUCE_TYPES,
+    LOGICAL_REDUCE_TYPES,
+    Partial,
+    Placement,
+    ReduceType,
+    Replicate,
+    Shard,
+)
+from .redistribute import ReshardPlan, Step, plan_reshard, plan_same_mesh, reshard_cost
 from .reduction import REDUCE_PARTIAL
-from . import (concat, cross_entropy, elementwise, embedding, indexing, matmul, reduction,  # noqa: F401  (register rules)
-               replicated, softmax)
-from . import along_axis, contraction  # noqa: F401,E402  (register rules)
-from . import conv  # noqa: F401,E402  (registers the convolution, pooling and padding rules)
+from .reshape import (
+    Broadcast,
+    DimTrans,
+    Flatten,
+    InputDim,
+    Repeat,
+    Singleton,
+    Split,
+    infer_dim_trans,
+    make_reshape_dim_trans,
+)
+from .view import parse_index
 
 __all__ = [
     "ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_REDUCE_TYPES",

@@ -10,8 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name,
-                   register_rule, require)
+from .base import (
+    SpmdResult,
+    TensorMeta,
+    check_axis,
+    check_ndim,
+    mesh_shape_of,
+    op_name,
+    register_rule,
+    require,
+)
 from .dist_attr import DistAttr
 from .einsum import contracted_partial, keep_cheapest, layout, linear_partial, merge_shardings
 from .view import parse_index

@@ -126,7 +126,8 @@ def op_name(attrs: Mapping[str, Any], default: str) -> str:
     return str(attrs.get("op", default))
 
 
-def mesh_shape_of(op: str, metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any] | None = None
+def mesh_shape_of(op: str, metas: Sequence[TensorMeta | None],
+                  attrs: Mapping[str, Any] | None = None
                   ) -> tuple[int, ...]:
     """The common mesh shape of the present inputs (ValueError if they differ or none is present,
     unless attrs gives "mesh_shape")."""

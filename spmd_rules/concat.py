@@ -4,8 +4,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name,
-                   register_rule, require)
+from .base import (
+    SpmdResult,
+    TensorMeta,
+    check_axis,
+    check_ndim,
+    mesh_shape_of,
+    op_name,
+    register_rule,
+    require,
+)
 from .einsum import keep_cheapest, layout, merge_shardings
 
 __all__ = ["concat", "stack", "split"]
@@ -83,7 +91,8 @@ def split(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> SpmdR
     check_ndim(op, "x", x, min_ndim=1)
     axis = check_axis(op, "axis", attrs.get("axis", 0), x.ndim)
     sections = tuple(attrs.get("sections", ()))
-    if not sections or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sections) \
+    if not sections or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                           for s in sections) \
             or sum(sections) != x.shape[axis]:
         raise ValueError(f"{op}: sections={sections} must be non-negative ints summing to "
                          f"x.shape[{axis}]={x.shape[axis]} (x shape {x.shape})")

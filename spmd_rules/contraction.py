@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, prod,
-                   register_rule)
+from .base import SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, prod, register_rule
 from .einsum import contracted_partial, layout, linear_partial, merge_shardings
 
 __all__ = ["einsum", "parse_equation", "axis_statistics"]

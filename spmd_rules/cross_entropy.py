@@ -4,8 +4,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (DistAttr, SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of,
-                   op_name, register_rule)
+from .base import (
+    DistAttr,
+    SpmdResult,
+    TensorMeta,
+    check_axis,
+    check_ndim,
+    mesh_shape_of,
+    op_name,
+    register_rule,
+)
 from .einsum import layout, merge_shardings
 
 __all__ = ["cross_entropy", "cross_entropy_grad", "cross_entropy_mean",
@@ -49,7 +57,8 @@ def cross_entropy(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) 
                              shapes=[logits.shape, label.shape])
     la = layout(logit_not, merged, mesh)
     return SpmdResult((la, layout(label_not, merged, mesh)),
-                      (TensorMeta(logits.shape, la), TensorMeta(loss_shape, layout(loss_not, merged, mesh))))
+                      (TensorMeta(logits.shape, la), TensorMeta(loss_shape,
+                                                                layout(loss_not, merged, mesh))))
 
 
 @register_rule("cross_entropy_grad")

@@ -98,7 +98,8 @@ class DistAttr:
             elif isinstance(p, Partial):
                 partial.append((m, p.reduce_type))
             elif not isinstance(p, Replicate):
-                raise ValueError(f"placements {placements}: {p!r} is not a Shard, Replicate or Partial")
+                raise ValueError(f"placements {placements}: {p!r} is not a Shard, Replicate or "
+                                 "Partial")
         mapping = []
         for d, pairs in enumerate(shards):
             orders = [o for o, _ in pairs]

@@ -4,17 +4,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .placement import LINEAR_REDUCE_TYPES, ReduceType
 from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, prod, register_rule
 from .dist_attr import DistAttr
 from .einsum import broadcast_notations, layout, linear_partial, merge_shardings
+from .placement import LINEAR_REDUCE_TYPES, ReduceType
 
 __all__ = ["elementwise", "optimizer_update"]
 
 _LINEAR_KINDS = (None, "add", "mul", "unary", "like", "max", "min")
 
 
-def _kept_partials(op: str, metas: Sequence[TensorMeta], attrs: Mapping[str, Any]) -> tuple[list, list]:
+def _kept_partials(op: str, metas: Sequence[TensorMeta],
+                   attrs: Mapping[str, Any]) -> tuple[list, list]:
     """Per input the partial it must have, and the output's partial (see :func:`elementwise`)."""
     linear = attrs.get("linear")
     if linear not in _LINEAR_KINDS:
@@ -53,8 +54,8 @@ def elementwise(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     Shardings of the same output axis are merged across inputs at the fewest bytes moved
     (:func:`~spmd_rules.einsum.merge_shardings`; a mesh dim no input uses may co-shard an
     output axis when that is free: ``[S(0),R] + [S(1),R]`` on 2x2 -> ``[S(0),S(0)]``); a
-    size-1 dim broadcast against a larger one is required Replicate. Partial inputs are resolved (required
-    non-partial) unless ``attrs["linear"]`` allows keeping them:
+    size-1 dim broadcast against a larger one is required Replicate. Partial inputs are resolved
+    (required non-partial) unless ``attrs["linear"]`` allows keeping them:
 
     - ``"add"`` (add, subtract): the Partial inputs share one partial of sum/avg -> the output
       keeps it and the other inputs become Partial locally (Replicate -> the value on

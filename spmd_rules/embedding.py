@@ -4,8 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_ndim, mesh_shape_of, op_name, register_rule,
-                   require)
+from .base import SpmdResult, TensorMeta, check_ndim, mesh_shape_of, op_name, register_rule, require
 from .einsum import contracted_partial, layout, merge_shardings
 
 __all__ = ["embedding", "embedding_grad"]

@@ -4,8 +4,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name,
-                   register_rule, require)
+from .base import (
+    SpmdResult,
+    TensorMeta,
+    check_axis,
+    check_ndim,
+    mesh_shape_of,
+    op_name,
+    register_rule,
+    require,
+)
 from .einsum import contracted_partial, layout, linear_partial, merge_shardings
 
 __all__ = ["gather", "gather_grad", "one_hot"]
@@ -56,7 +64,8 @@ def gather_grad(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) ->
     d_not = ["i" if d == axis else d for d in range(len(input_shape))]
     out_not = [None if d == axis else d for d in range(len(input_shape))]
     keep = dout.dist_attr.partial if linear_partial(dout.dist_attr) else ()
-    merged = merge_shardings([["i"], d_not], [index.dist_attr, dout.dist_attr], {m for m, _ in keep},
+    merged = merge_shardings([["i"], d_not], [index.dist_attr, dout.dist_attr],
+                             {m for m, _ in keep},
                              [index.shape, dout.shape], [(), keep])
     partial = list(keep) + contracted_partial(merged, out_not)
     return SpmdResult((layout(["i"], merged, mesh), layout(d_not, merged, mesh, keep)),

@@ -52,7 +52,8 @@ def matmul(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     batch, (xb, yb) = broadcast_notations(op, [x.shape[:-len(x_tail)], y.shape[:-len(y_tail)]],
                                           ["x batch", "y batch"])
     x_not, y_not = xb + x_tail, yb + y_tail
-    out_not = list(range(len(batch))) + (["m"] if m is not None else []) + (["n"] if n is not None else [])
+    out_not = (list(range(len(batch))) + (["m"] if m is not None else [])
+               + (["n"] if n is not None else []))
     out_shape = batch + tuple(s for s in (m, n) if s is not None)
 
     xa, ya = x.dist_attr, y.dist_attr

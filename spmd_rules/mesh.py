@@ -26,8 +26,10 @@ def _parse_grid(mesh: Any) -> tuple[tuple[int, ...], list[int]]:
             for child in node:
                 walk(child, depth + 1, shape, out)
         else:
-            if depth != len(shape) or isinstance(node, bool) or not isinstance(node, numbers.Integral):
-                raise ValueError(f"ProcessMesh(mesh): ragged grid or non-int rank {node!r} in {mesh!r}")
+            if depth != len(shape) or isinstance(node, bool) \
+                    or not isinstance(node, numbers.Integral):
+                raise ValueError(f"ProcessMesh(mesh): ragged grid or non-int rank {node!r} in "
+                                 f"{mesh!r}")
             out.append(int(node))
 
     shape: list[int] = []
@@ -41,7 +43,8 @@ def _parse_grid(mesh: Any) -> tuple[tuple[int, ...], list[int]]:
 
 
 class ProcessMesh:
-    """An n-d grid of distinct non-negative global ranks with named dims ("d0", "d1", ... by default)."""
+    """An n-d grid of distinct non-negative global ranks with named dims ("d0", "d1", ... by
+    default)."""
 
     def __init__(self, mesh: Any, dim_names: Sequence[str] | None = None) -> None:
         self._shape, self._ids = _parse_grid(mesh)
@@ -52,7 +55,8 @@ class ProcessMesh:
             raise ValueError(f"ProcessMesh(dim_names): {dim_names!r} has {len(dim_names)} names "
                              f"for a {len(self._shape)}-d mesh of shape {list(self._shape)}")
         if len(set(dim_names)) != len(dim_names) or not all(isinstance(n, str) for n in dim_names):
-            raise ValueError(f"ProcessMesh(dim_names): names must be distinct strings, got {dim_names!r}")
+            raise ValueError("ProcessMesh(dim_names): names must be distinct strings, got "
+                             f"{dim_names!r}")
         self._dim_names = dim_names
         self._index = {r: i for i, r in enumerate(self._ids)}
 
@@ -85,11 +89,13 @@ class ProcessMesh:
     def _dim_index(self, name_or_index: str | int) -> int:
         if isinstance(name_or_index, str):
             if name_or_index not in self._dim_names:
-                raise ValueError(f"ProcessMesh: unknown dim name {name_or_index!r}; dims are {self._dim_names}")
+                raise ValueError(f"ProcessMesh: unknown dim name {name_or_index!r}; dims are "
+                                 f"{self._dim_names}")
             return self._dim_names.index(name_or_index)
         i = int(name_or_index)
         if not -self.ndim <= i < self.ndim:
-            raise ValueError(f"ProcessMesh: dim index {name_or_index} out of range for a {self.ndim}-d mesh")
+            raise ValueError(f"ProcessMesh: dim index {name_or_index} out of range for a "
+                             f"{self.ndim}-d mesh")
         return i % self.ndim
 
     def get_dim_size(self, name_or_index: str | int) -> int:
@@ -115,7 +121,8 @@ class ProcessMesh:
         """The rank at grid coordinate ``coord``."""
         coord = tuple(coord)
         if len(coord) != self.ndim or not all(0 <= c < s for c, s in zip(coord, self._shape)):
-            raise ValueError(f"ProcessMesh.rank_at(coord): {coord} is outside mesh shape {list(self._shape)}")
+            raise ValueError(f"ProcessMesh.rank_at(coord): {coord} is outside mesh shape "
+                             f"{list(self._shape)}")
         flat = 0
         for c, s in zip(coord, self._shape):
             flat = flat * s + c
@@ -143,7 +150,8 @@ class ProcessMesh:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ProcessMesh):
             return NotImplemented
-        return (self._shape, self._ids, self._dim_names) == (other._shape, other._ids, other._dim_names)
+        return (self._shape, self._ids, self._dim_names) == (other._shape, other._ids,
+                                                             other._dim_names)
 
     def __hash__(self) -> int:
         return hash((self._shape, tuple(self._ids), tuple(self._dim_names)))

@@ -4,8 +4,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, check_ndim, mesh_shape_of, op_name, prod,
-                   register_rule, require)
+from .base import (
+    SpmdResult,
+    TensorMeta,
+    check_axis,
+    check_ndim,
+    mesh_shape_of,
+    op_name,
+    prod,
+    register_rule,
+    require,
+)
 from .einsum import layout, merge_shardings
 from .placement import ReduceType
 

@@ -9,7 +9,8 @@ __all__ = ["ReduceType", "Placement", "Shard", "Replicate", "Partial", "LINEAR_R
 
 
 class ReduceType(str, Enum):
-    """How the pending values of a Partial placement combine (compares equal to the plain string)."""
+    """How the pending values of a Partial placement combine (compares equal to the plain
+    string)."""
 
     SUM = "sum"
     AVG = "avg"
@@ -125,7 +126,8 @@ class Replicate(Placement):
 
 @dataclass(frozen=True, repr=False)
 class Partial(Placement):
-    """Every coordinate holds a pending value; the real value is their reduction by ``reduce_type``."""
+    """Every coordinate holds a pending value; the real value is their reduction by
+    ``reduce_type``."""
 
     reduce_type: ReduceType = ReduceType.SUM
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, register_rule,
-                   require)
+from .base import SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, register_rule, require
 from .einsum import contracted_partial, layout, merge_shardings
 from .placement import LINEAR_REDUCE_TYPES, ReduceType
 
@@ -49,7 +48,8 @@ def reduction(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> S
     mesh = mesh_shape_of(op, metas)
     kind = attrs.get("reduce_type", "sum")
     if kind not in REDUCE_PARTIAL:
-        raise ValueError(f"{op}: unknown reduce_type {kind!r}; expected one of {sorted(REDUCE_PARTIAL)}")
+        raise ValueError(f"{op}: unknown reduce_type {kind!r}; expected one of "
+                         f"{sorted(REDUCE_PARTIAL)}")
     axes = _reduce_axes(op, attrs, x.ndim)
     keepdim = bool(attrs.get("keepdim", False))
     out_type = REDUCE_PARTIAL[kind]
@@ -59,7 +59,8 @@ def reduction(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> S
     x_not = [None if (out_type is None and d in axes) else d for d in range(x.ndim)]
     merged = merge_shardings([x_not], [xa], {m for m, _ in keep}, [x.shape], [keep])
     out_not = [None if d in axes else d for d in range(x.ndim) if keepdim or d not in axes]
-    out_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes)
+    out_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim
+                      or d not in axes)
     partial = list(keep) + (contracted_partial(merged, out_not, out_type) if out_type else [])
     return SpmdResult((layout(x_not, merged, mesh, keep),),
                       (TensorMeta(out_shape, layout(out_not, merged, mesh, partial)),))

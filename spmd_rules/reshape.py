@@ -37,13 +37,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import (SpmdResult, TensorMeta, check_axis, mesh_shape_of, op_name, prod,
-                   register_rule, require)
+from .base import (
+    SpmdResult,
+    TensorMeta,
+    check_axis,
+    mesh_shape_of,
+    op_name,
+    prod,
+    register_rule,
+    require,
+)
 from .dist_attr import DistAttr
 from .einsum import assignments
 from .redistribute import reshard_cost
 
-__all__ = ["Broadcast", "Repeat", "DimTrans", "InputDim", "Singleton", "Flatten", "Split", "make_reshape_dim_trans",
+__all__ = ["Broadcast", "Repeat", "DimTrans", "InputDim", "Singleton", "Flatten", "Split",
+           "make_reshape_dim_trans",
            "infer_dim_trans", "reshape", "squeeze", "unsqueeze", "flatten", "transpose", "tile",
            "expand"]
 
@@ -158,7 +167,8 @@ def _pair_unit_dims(src: tuple[int, ...], tgt: tuple[int, ...], out: list[DimTra
             out[j] = InputDim(i)
 
 
-def _divisible_prefix(dims: tuple[int, ...], size: int, mesh_shape: Sequence[int]) -> tuple[int, ...]:
+def _divisible_prefix(dims: tuple[int, ...], size: int,
+                      mesh_shape: Sequence[int]) -> tuple[int, ...]:
     """Longest prefix of ``dims`` whose mesh sizes multiply to a divisor of ``size``."""
     count = 1
     for k, m in enumerate(dims):
@@ -168,7 +178,8 @@ def _divisible_prefix(dims: tuple[int, ...], size: int, mesh_shape: Sequence[int
     return dims
 
 
-def _surviving(trans: DimTrans, src: Sequence[int], attr: DistAttr) -> tuple[int | None, tuple[int, ...]]:
+def _surviving(trans: DimTrans, src: Sequence[int],
+               attr: DistAttr) -> tuple[int | None, tuple[int, ...]]:
     """(source dim, mesh dims) whose sharding survives into a target dim (None: no sharding)."""
     if isinstance(trans, InputDim):
         return trans.dim, attr.dims_mapping[trans.dim]
@@ -236,7 +247,8 @@ def reshape(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spm
     op = op_name(attrs, "reshape")
     x = _check_one(op, metas)
     target = attrs.get("shape")
-    if target is None or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in target):
+    if target is None or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                             for s in target):
         raise ValueError(f"{op}: shape must be a tuple of non-negative ints, got {target!r}")
     target = tuple(target)
     if prod(target) != prod(x.shape):
@@ -304,7 +316,8 @@ def transpose(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> S
     x = _check_one(op, metas)
     perm = tuple(attrs.get("perm", ()))
     if sorted(perm) != list(range(x.ndim)):
-        raise ValueError(f"{op}: perm={perm} is not a permutation of the {x.ndim} dims of x {x.shape}")
+        raise ValueError(f"{op}: perm={perm} is not a permutation of the {x.ndim} dims of x "
+                         f"{x.shape}")
     return _view_result(x, [InputDim(p) for p in perm], tuple(x.shape[p] for p in perm))
 
 
@@ -343,5 +356,6 @@ def expand(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spmd
     if lead < 0 or any(s != t and s != 1 for s, t in zip(x.shape, shape[lead:])):
         raise ValueError(f"{op}: cannot expand x of shape {x.shape} to {shape}")
     trans = [Broadcast(t) for t in shape[:lead]] + \
-        [InputDim(d) if s == t else Broadcast(t) for d, (s, t) in enumerate(zip(x.shape, shape[lead:]))]
+        [InputDim(d) if s == t else Broadcast(t) for d,
+         (s, t) in enumerate(zip(x.shape, shape[lead:]))]
     return _view_result(x, trans, shape)

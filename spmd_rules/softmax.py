@@ -32,4 +32,5 @@ def softmax(metas: Sequence[TensorMeta | None], attrs: Mapping[str, Any]) -> Spm
                              shapes=[m.shape for m in metas])
     attr = layout(notation, merged, mesh)
     n_out = int(attrs.get("num_outputs", 1))
-    return SpmdResult(tuple(attr for _ in metas), tuple(TensorMeta(shape, attr) for _ in range(n_out)))
+    return SpmdResult(tuple(attr for _ in metas), tuple(TensorMeta(shape, attr)
+                                                        for _ in range(n_out)))

@@ -5,8 +5,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import SpmdResult, TensorMeta, mesh_shape_of, op_name, register_rule, require
-from .einsum import keep_cheapest
 from .dist_attr import DistAttr
+from .einsum import keep_cheapest
 
 __all__ = ["slice_", "slice_grad", "set_value", "parse_index"]
 
@@ -36,7 +36,8 @@ def parse_index(op: str, index: Sequence[Any], shape: Sequence[int]
             start, stop, step = (0 if it.start is None else it.start,
                                  size if it.stop is None else it.stop,
                                  1 if it.step is None else it.step)
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)) \
+            if not all(isinstance(v, int) and not isinstance(v, bool)
+                       for v in (start, stop, step)) \
                     or start < 0 or stop < 0 or step <= 0:
                 raise ValueError(f"{op}: slice {it} on axis {axis} must have non-negative int "
                                  f"start/stop and a positive step")

@@ -32,6 +32,7 @@ TESTS = os.path.join(ROOT, "tests")
 # the repository first: tests/launch must not shadow the launch package
 sys.path.insert(0, ROOT)
 from launch import find_mpiexec  # noqa: E402
+
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -47,11 +48,13 @@ def rank_child(outdir: str, pytest_args: list[str]) -> None:
     becomes pytest (exec, so MPI is initialised in the pytest process itself)."""
     rank = _rank_from_env()
     if rank != 0:
-        fd = os.open(os.path.join(outdir, f"rank_{rank}.out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(os.path.join(outdir, f"rank_{rank}.out"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    args = [sys.executable, "-m", "pytest", *pytest_args, f"--junitxml={os.path.join(outdir, f'rank_{rank}.xml')}"]
+    args = [sys.executable, "-m", "pytest", *pytest_args,
+            f"--junitxml={os.path.join(outdir, f'rank_{rank}.xml')}"]
     os.execv(sys.executable, args)
 
 
@@ -98,7 +101,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_one(label: str, cmd: list[str], env: dict, timeout: float, status_dir: str, show_files: list[str] | None = None):
+def run_one(label: str, cmd: list[str], env: dict, timeout: float, status_dir: str,
+            show_files: list[str] | None = None):
     """Run ``cmd`` in its own process group. Returns (rc, timed_out, seconds)."""
     print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
     os.makedirs(status_dir, exist_ok=True)
@@ -110,7 +114,8 @@ def run_one(label: str, cmd: list[str], env: dict, timeout: float, status_dir: s
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        print(f"\n!!! {label}: timed out after {timeout:.0f} s; test running on each rank:", flush=True)
+        print(f"\n!!! {label}: timed out after {timeout:.0f} s; test running on each rank:",
+              flush=True)
         print_current(status_dir)
         _kill_group(proc)
         rc = proc.returncode if proc.returncode is not None else -9
@@ -120,10 +125,12 @@ def run_one(label: str, cmd: list[str], env: dict, timeout: float, status_dir: s
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False)
     ap.add_argument("-k", dest="k", default=None, help="pytest -k expression")
-    ap.add_argument("--np", default="1,2,3,4", help="comma-separated MPI world sizes (default 1,2,3,4; 0 = none)")
+    ap.add_argument("--np", default="1,2,3,4",
+                    help="comma-separated MPI world sizes (default 1,2,3,4; 0 = none)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
     ap.add_argument("--no-single", action="store_true", help="skip the single-process run")
     ap.add_argument("--no-lint", action="store_true", help="skip `ruff check .`")
@@ -173,7 +180,8 @@ def main(argv=None) -> int:
         for name in os.listdir(d):
             os.remove(os.path.join(d, name))
         pytest_args = [TESTS, "--with-mpi", "-m", "mpi", "--timeout-method=thread", *common]
-        cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--rank-child", d, "--", *pytest_args]
+        cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--rank-child", d,
+               "--", *pytest_args]
         rc, timed_out, secs = run_one(label, cmd, env, args.timeout, d)
         row = _tally(label, rc, timed_out, secs, _counts(os.path.join(d, "rank_0.xml"), d), d)
         summary.append(row)
@@ -228,7 +236,8 @@ def _tally(label, rc, timed_out, secs, counts, status_dir):
     if timed_out:
         return (label, p, f + 1, s, note + " TIMED OUT")
     if rc not in (0, 5) and f == 0:  # 5: no tests collected
-        print(f"\n!!! {label}: exit status {rc} with no failing test recorded; last test started on each rank:")
+        print(f"\n!!! {label}: exit status {rc} with no failing test recorded; last test started "
+              "on each rank:")
         print_current(status_dir)
         return (label, p, 1, s, note + " run failed without a failing test (crash/abort?)")
     return (label, p, f, s, note)

@@ -26,9 +26,31 @@ from spmd_rules import (LOGICAL_REDUCE_TYPES, DistAttr, Partial, Placement, Proc
                         ReshardPlan, Replicate, Shard, local_shape, plan_reshard)
 
 from collectives._common import CHECK_COLLECTIVES
+from spmd_rules import (
+    LOGICAL_REDUCE_TYPES,
+    DistAttr,
+    Partial,
+    Placement,
+    ProcessMesh,
+    Replicate,
+    ReshardPlan,
+    Shard,
+    local_slices,
+    plan_reshard,
+)
 
 from ..dispatch import host_read, run
 from ..dtype import to_np_dtype
+from ..layout.dist_tensor import (
+    _MESH_IDS,
+    _MESHES,
+    DistTensor,
+    canonical,
+    canonical_mesh,
+    empty_piece,
+)
+from ..layout.mesh_groups import check_mesh, coord_of, group_over
+from ..layout.planner import reshard_instrs
 from ..ops import cast, setitem, to_tensor
 from ..parameter import Parameter
 from ..plan import Instr, OutSpec, Plan

@@ -9,8 +9,8 @@ import numpy as np
 
 from spmd_rules import DistAttr, local_ranges, local_slices
 
-from ..tensor import Tensor
 from ..layout.mesh_groups import get_rank
+from ..tensor import Tensor
 
 __all__ = ["visualize_sharding"]
 
@@ -117,7 +117,8 @@ def visualize_sharding(x, print_: bool = True) -> str:
         lines.append("blocks (global index ranges -> ranks holding them):")
         lines += _table(header, body)
     elif len(shape) == 0:
-        lines.append("0-d tensor: every rank holds the scalar" + (marker and f" ({marker.strip()} addends)"))
+        lines.append("0-d tensor: every rank holds the scalar"
+                     + (marker and f" ({marker.strip()} addends)"))
 
     header = ["rank", "coord", "global ranges", "local shape", "bytes"]
     body = []

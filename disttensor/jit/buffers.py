@@ -37,8 +37,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..schema import OPS
-from .memory import ArenaPlan, Block, Buffer, OverlapError, aligned, check_arena, live_bytes, \
-    live_ranges, plan_arena
+from .memory import (
+    ArenaPlan,
+    Block,
+    Buffer,
+    OverlapError,
+    aligned,
+    check_arena,
+    live_bytes,
+    live_ranges,
+    plan_arena,
+)
 
 if TYPE_CHECKING:
     from .program import Program, ProgramOp, Step

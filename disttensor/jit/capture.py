@@ -32,7 +32,7 @@ from .. import dispatch
 from ..distributed.agreement import flush_data_checks
 from ..layout.dist_tensor import DistTensor
 from ..generator import default_generator
-from ..ops import to_tensor
+from ..layout.dist_tensor import DistTensor
 from ..nn.layer import Layer
 from ..optimizer.gradient_merge import gradient_merge_config, merged_step
 from ..tape import in_backward, is_grad_enabled, no_grad
@@ -372,9 +372,9 @@ def to_static(fn: Callable | Any = None, *args: Any, plan_memory: bool | str = "
               recompute: bool = False, **kwargs: Any):
     """Capture ``fn`` (a step function, or a Layer's forward) into a program replayed on later
     calls (:class:`StaticFunction`). With Paddle's signature ``to_static(layer, loader, loss,
-    optimizer)`` it returns a :class:`DistModel`. ``plan_memory``: ``"kernels"`` (the default) replays with
-    every temporary whose kernel takes ``out=`` in a planned arena; ``"all"`` places every
-    temporary there (the others copied in once); False allocates per kernel call as eager mode
+    optimizer)`` it returns a :class:`DistModel`. ``plan_memory``: ``"kernels"`` (the default)
+    replays with every temporary whose kernel takes ``out=`` in a planned arena; ``"all"`` places
+    every temporary there (the others copied in once); False allocates per kernel call as eager mode
     does (:meth:`Program.memory_report`). ``recompute=True`` runs cheap forward ops (elementwise
     math, activations, layer_norm) again in the backward where that lets their outputs die at
     the end of the forward (:mod:`disttensor.jit.remat`): less memory, a little more work."""

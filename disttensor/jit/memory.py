@@ -10,9 +10,10 @@ Pure functions over plain data, so they are tested on fixed instances:
 * :func:`plan_arena` — offsets (multiples of :data:`ALIGN`) for buffers with inclusive live
   ranges ``[first, last]``, such that buffers live at the same time never overlap. It tries
   best-fit in program order (a free-list simulation), greedy by size (Pisarchyk & Lee 2020,
-  "offset calculation"), greedy by the peak each buffer spans, greedy by conflicts, greedy by randomly perturbed sizes and a hill
-  climb over placement orders (both seeded), and keeps the smallest arena; it stops early when one comes within 0.1% of the lower bound
-  (no order can do better than the bound).
+  "offset calculation"), greedy by the peak each buffer spans, greedy by conflicts, greedy by
+  randomly perturbed sizes and a hill climb over placement orders (both seeded), and keeps the
+  smallest arena; it stops early when one comes within 0.1% of the lower bound (no order can do
+  better than the bound).
 * :func:`lower_bound` — the most bytes live at one instruction (XLA's NoFragmentation heap size);
   :func:`check_arena` — the verifier: raises naming both buffers when two live at once overlap.
 """

@@ -244,7 +244,8 @@ class Program:
         if mp is None:
             raise ValueError(f"program {self.name} was captured without a memory plan")
         a = mp.arena
-        return {"scope": self.plan_memory, "arena_bytes": a.size, "lower_bound_bytes": a.lower_bound,
+        return {"scope": self.plan_memory, "arena_bytes": a.size,
+                "lower_bound_bytes": a.lower_bound,
                 "no_reuse_bytes": a.no_reuse, "strategy": a.strategy, "tried": a.tried,
                 "vs_lower_bound": round(a.size / a.lower_bound, 4) if a.lower_bound else 1.0,
                 "eager_peak_bytes": eager_peak, "instructions": mp.n_steps,

@@ -25,8 +25,15 @@ from functools import partial
 
 import numpy as np
 
-from spmd_rules import (FALLBACK_RULE, DistAttr, ProcessMesh, TensorMeta, get_rule,
-                        local_offset, plan_reshard)
+from spmd_rules import (
+    FALLBACK_RULE,
+    DistAttr,
+    ProcessMesh,
+    TensorMeta,
+    get_rule,
+    local_offset,
+    plan_reshard,
+)
 
 from ..generator import default_generator
 from ..plan import Instr, OutSpec, Plan

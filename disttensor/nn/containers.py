@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+
 from .layer import Layer, Parameter
 
 __all__ = ["LayerDict", "ParameterList"]

@@ -11,6 +11,7 @@ from ..ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  #
                         interpolate, max_pool2d)
 from ..ops.padding import pad  # noqa: F401
 from ..ops.attention import scaled_dot_product_attention  # noqa: E402
+from ..ops.conv import conv1d, conv2d  # noqa: F401
 from ..ops.norm import rms_norm  # noqa: E402
 from ..ops.conv_transpose import conv1d_transpose, conv2d_transpose  # noqa: E402,F401
 

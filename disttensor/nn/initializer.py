@@ -15,9 +15,9 @@ from typing import Sequence
 import numpy as np
 
 from ..dtype import is_floating
-from ..tape import no_grad
 from ..generator import default_generator
 from ..ops.common import as_tensor
+from ..tape import no_grad
 from ..tensor import Tensor
 
 __all__ = ["Initializer", "Constant", "Normal", "Uniform", "XavierUniform", "XavierNormal",

@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..dispatch import wrap_array
-from ..tape import no_grad
 from ..dtype import is_floating, to_np_dtype
 from ..ops import cast, to_tensor, zeros, zeros_like
 from ..ops.common import as_tensor
 from ..parameter import Parameter
+from ..tape import no_grad
 from ..tensor import Tensor
 from .initializer import Constant, Initializer, XavierUniform
 from .torch_names import IncompatibleKeys, TorchLayerNames

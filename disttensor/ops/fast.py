@@ -416,7 +416,8 @@ def attention_softmax(numpy_kernel: Kernel) -> Kernel:
     def kernel(xp, s, m, lsum):
         if _floats(xp, s, m, lsum):
             alpha = np.empty_like(m)
-            _attention_loops().attention_softmax(_rows(s, s.ndim - 1), m.reshape(-1), lsum.reshape(-1),
+            _attention_loops().attention_softmax(_rows(s, s.ndim - 1), m.reshape(-1),
+                                                 lsum.reshape(-1),
                                        alpha.reshape(-1))
             return alpha
         return numpy_kernel(xp, s, m, lsum)

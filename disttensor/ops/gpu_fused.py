@@ -39,7 +39,8 @@ _SOURCES = {
                        f"T e = exp((T)-2 * (T){_C} * (x + (T){_A} * x * x * x));"
                        f"T s = (T)1 / ((T)1 + e);"
                        f"T w = e > (T)1 ? (T)1 - s : e * s;"
-                       f"y = g * (s + (T)2 * (T){_C} * x * ((T)1 + (T)3 * (T){_A} * x * x) * w * s);"),
+                       f"y = g * (s + (T)2 * (T){_C} * x"
+                       f" * ((T)1 + (T)3 * (T){_A} * x * x) * w * s);"),
     "gelu_erf_grad": ("T x, T g", "T y",
                       f"y = g * ((T)0.5 * erfc(-x * (T){_R2})"
                       f" + x * (T){_P} * exp((T)-0.5 * x * x));"),

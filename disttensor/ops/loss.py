@@ -14,15 +14,25 @@ from typing import Any
 
 import numpy as np
 
-from ..dtype import is_floating
 from ..dispatch import apply
+from ..dtype import is_floating
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from . import fast
 from .activation import log_softmax, softmax
 from .common import as_tensor, check_index_range, normalize_axis
-from .elementwise import (cast, divide, log, maximum, multiply, neg, not_equal, scale, subtract,
-                          where)
+from .elementwise import (
+    cast,
+    divide,
+    log,
+    maximum,
+    multiply,
+    neg,
+    not_equal,
+    scale,
+    subtract,
+    where,
+)
 from .indexing import gather, one_hot
 from .reduction import mean as _mean
 from .reduction import sum as _sum

@@ -13,8 +13,18 @@ from ..dispatch import apply, apply_inplace
 from ..schema import DENSE_CTX, OPS, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, sum_to_shape
-from .elementwise import (_FLOAT, _erf, _floating, _times_g, _ufunc1, _unary, _unary_fn, cast,
-                          where, zeros_like)
+from .elementwise import (
+    _FLOAT,
+    _erf,
+    _floating,
+    _times_g,
+    _ufunc1,
+    _unary,
+    _unary_fn,
+    cast,
+    where,
+    zeros_like,
+)
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 

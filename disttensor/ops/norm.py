@@ -16,13 +16,12 @@ around the batch mean cancels, never x's magnitude.
 from __future__ import annotations
 
 import math
-
 from typing import Sequence
 
 import numpy as np
 
-from ..dtype import is_floating
 from ..dispatch import apply, check_inplace_target
+from ..dtype import is_floating
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor
 from . import fast, gpu_fused

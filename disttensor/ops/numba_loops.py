@@ -5,9 +5,9 @@ sums and normalization.
 
 The loops take non-empty C-contiguous arrays of one dtype, float32 or float64: softmax and
 layer_norm (normalized axes flattened into the last) ``[rows, n]`` views, relu, gelu and adam
-flat ones. softmax, relu, gelu and their gradients write ``out``, or their last input when ``out`` is
-None (relu_ writes x, a gradient may overwrite dout); an ``out`` must not overlap the inputs.
-Loops are single-threaded (ranks run one thread each) and compiled once per dtype and form
+flat ones. softmax, relu, gelu and their gradients write ``out``, or their last input when
+``out`` is None (relu_ writes x, a gradient may overwrite dout); an ``out`` must not overlap the
+inputs. Loops are single-threaded (ranks run one thread each) and compiled once per dtype and form
 (``out`` given or None), cached on disk (``cache=True``).
 
 Arithmetic stays in the array's dtype. ``exp`` is computed here (range reduction by ln 2, a

@@ -9,11 +9,10 @@ outside the mesh draws too), so a replayed program advances the generator as eag
 """
 from __future__ import annotations
 
-
 import numpy as np
 
-from ..dtype import is_floating
 from ..dispatch import apply
+from ..dtype import is_floating
 from ..generator import default_generator
 from ..schema import OPS, public, register, same_dtype
 from ..tensor import Tensor

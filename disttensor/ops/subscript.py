@@ -28,8 +28,9 @@ from .elementwise import add, less_than, where
 from .indexing import gather
 from .math import masked_fill_
 from .scatter import scatter_at
-from .shape import expand, getitem as basic_getitem, normalize_index, reshape_to, setitem as \
-    basic_setitem, transpose
+from .shape import expand, normalize_index, reshape_to, transpose
+from .shape import getitem as basic_getitem
+from .shape import setitem as basic_setitem
 
 _ADVANCED = (list, np.ndarray, Tensor)
 

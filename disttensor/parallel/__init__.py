@@ -18,20 +18,46 @@ Built on the public distributed API only (shard_tensor, reshard, dtensor_from_lo
 dtensor_to_local, unshard_dtensor, Layer hooks).
 """
 from ..tensor import Tensor
-from .communication import (Group, ReduceOp, all_gather, all_reduce, barrier, broadcast,
-                            new_group, reduce_scatter)
+from .communication import (
+    Group,
+    ReduceOp,
+    all_gather,
+    all_reduce,
+    barrier,
+    broadcast,
+    new_group,
+    reduce_scatter,
+)
 from .creation import dtensor_from_fn
 from .data import ShardDataloader, shard_dataloader
 from .lazy import LazyGuard, initialize
 from .local import LocalLayer, local_map
 from .mesh import DeviceMesh, get_mesh, init_device_mesh, set_mesh
+from .plans import (
+    ColWiseParallel,
+    PlanBase,
+    PrepareLayerInput,
+    PrepareLayerOutput,
+    RowWiseParallel,
+    SequenceParallelBegin,
+    SequenceParallelDisable,
+    SequenceParallelEnable,
+    SequenceParallelEnd,
+    parallelize,
+    shard_layer,
+)
 from .sharding import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
-from .plans import (ColWiseParallel, PlanBase, PrepareLayerInput, PrepareLayerOutput,
-                    RowWiseParallel, SequenceParallelBegin, SequenceParallelDisable,
-                    SequenceParallelEnable, SequenceParallelEnd, parallelize, shard_layer)
-from .torch_style import (TENSOR_METHODS, ColwiseParallel, DTensor, ParallelStyle,
-                          RowwiseParallel, SequenceParallel, distribute_tensor, fully_shard,
-                          parallelize_module)
+from .torch_style import (
+    TENSOR_METHODS,
+    ColwiseParallel,
+    DTensor,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    distribute_tensor,
+    fully_shard,
+    parallelize_module,
+)
 
 # The one place that attaches PyTorch-style methods (and Paddle's ``initialize`` of a lazy
 # parameter) to Tensor (kept if the runtime has its own).

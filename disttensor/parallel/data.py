@@ -16,8 +16,8 @@ import numpy as np
 from spmd_rules import ProcessMesh, Replicate, Shard
 
 from ..distributed.api import dtensor_from_local
-from ..layout.mesh_groups import get_rank
 from ..io.dataloader import DataLoader
+from ..layout.mesh_groups import get_rank
 from ..tensor import Tensor
 from .mesh import mesh_coord, mesh_dim_index
 

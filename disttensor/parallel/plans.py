@@ -21,8 +21,15 @@ from ..ops import transpose
 from ..tensor import Tensor
 from .lazy import fill_placed, is_lazy, materialize
 from .mesh import get_mesh, mesh_dim_index, set_mesh
-from .pipeline import (PipelineInfo, check_untied, install, layer_stages, outer_buffers,
-                       plan_pipeline, state_on_param_mesh)
+from .pipeline import (
+    PipelineInfo,
+    check_untied,
+    install,
+    layer_stages,
+    outer_buffers,
+    plan_pipeline,
+    state_on_param_mesh,
+)
 from .sharding import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
 
 __all__ = ["PlanBase", "ColWiseParallel", "RowWiseParallel", "SequenceParallelBegin",

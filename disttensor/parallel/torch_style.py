@@ -18,8 +18,14 @@ import collectives
 from spmd_rules import Placement, ProcessMesh, Replicate, Shard
 
 from ..autograd import no_grad
-from ..distributed.api import (dtensor_from_local, dtensor_to_local, reshard, reshard_to,
-                               shard_tensor, unshard_dtensor)
+from ..distributed.api import (
+    dtensor_from_local,
+    dtensor_to_local,
+    reshard,
+    reshard_to,
+    shard_tensor,
+    unshard_dtensor,
+)
 from ..layout.mesh_groups import get_rank
 from ..nn.common import Embedding, Linear
 from ..nn.layer import Layer, Parameter

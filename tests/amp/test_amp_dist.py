@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amp_oracle import BF16, bf, model_arrays, o1_step
 
 import collectives
 import disttensor as dt
 from disttensor import Partial, Replicate, Shard
-from amp_oracle import BF16, bf, model_arrays, o1_step
 
 pytestmark = pytest.mark.mpi
 

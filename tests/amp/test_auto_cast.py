@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amp_oracle import BF16, bf, is_bf16_exact, model_arrays, o1_step
 
 import disttensor as dt
 import disttensor.nn.functional as F
-from amp_oracle import BF16, bf, is_bf16_exact, model_arrays, o1_step
 
 
 def _leaf(a):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amp_oracle import BF16, bf, is_bf16_exact
 
 import disttensor as dt
 import disttensor.nn.functional as F
-from amp_oracle import BF16, bf, is_bf16_exact
 
 
 def _t(a, dtype="float32", grad=False):

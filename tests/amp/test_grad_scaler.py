@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from amp_oracle import BF16, bf, model_arrays
 
 import disttensor as dt
-from amp_oracle import BF16, bf, model_arrays
 
 
 def _linear(w):

@@ -21,8 +21,11 @@ def test_gpu_collectives_match_numpy(monkeypatch, backend):
     x = np.arange(12.0).reshape(3, 4) + me
     xs = [np.arange(12.0).reshape(3, 4) + r for r in range(k)]
     np.testing.assert_allclose(cp.asnumpy(g.all_reduce(cp.asarray(x))), sum(xs))
-    np.testing.assert_allclose(cp.asnumpy(g.all_gather(cp.asarray(x), axis=1)), np.concatenate(xs, axis=1))
-    np.testing.assert_allclose(cp.asnumpy(g.reduce_scatter(cp.asarray(x), axis=0)), np.array_split(sum(xs), k)[me])
+    np.testing.assert_allclose(cp.asnumpy(g.all_gather(cp.asarray(x), axis=1)),
+                               np.concatenate(xs, axis=1))
+    np.testing.assert_allclose(cp.asnumpy(g.reduce_scatter(cp.asarray(x), axis=0)),
+                               np.array_split(sum(xs), k)[me])
     got = g.all_to_all(cp.asarray(x), 0, 1)
-    np.testing.assert_allclose(cp.asnumpy(got), np.concatenate([np.array_split(v, k)[me] for v in xs], axis=1))
+    np.testing.assert_allclose(cp.asnumpy(got),
+                               np.concatenate([np.array_split(v, k)[me] for v in xs], axis=1))
     np.testing.assert_allclose(cp.asnumpy(g.broadcast(cp.asarray(x), src=0)), xs[0])

@@ -7,9 +7,8 @@ import textwrap
 
 import pytest
 
-from launch import find_mpiexec
-
 import collectives
+from launch import find_mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPIEXEC = find_mpiexec()
@@ -23,7 +22,8 @@ pytestmark = [
 def run_job(tmp_path, code, n=2, timeout=60, env=None):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(code))
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e = dict(os.environ, OMP_NUM_THREADS="1",
+             PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     e.update(env or {})
     return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script)], capture_output=True,
                           text=True, timeout=timeout, env=e, cwd=str(tmp_path))

@@ -60,7 +60,8 @@ def test_local_iall_reduce_is_complete_at_once(g):
 def test_local_errors_and_counts(g):
     collectives.reset_collective_counts()
     x = np.ones((2, 3), np.int64)
-    with pytest.raises(TypeError, match="all_reduce: reduce op 'avg' is not supported for dtype int64"):
+    with pytest.raises(TypeError,
+                       match="all_reduce: reduce op 'avg' is not supported for dtype int64"):
         g.all_reduce(x, "avg")
     with pytest.raises(ValueError, match=r"axis'=5 is out of range .*\(2, 3\)"):
         g.all_gather(x, axis=5)

@@ -63,7 +63,8 @@ def test_all_reduce(g, dtype, op, shape):
         return
     xs = [data(r, shape, dtype) for r in range(g.size)]
     if op == "prod":  # keep products small
-        xs = [np.where(x == 0, 1, np.sign(x)).astype(dtype) * (1 + (r % 2)) for r, x in enumerate(xs)]
+        xs = [np.where(x == 0, 1, np.sign(x)).astype(dtype) * (1 + (r % 2)) for r,
+              x in enumerate(xs)]
     st = np.stack(xs)
     expect = {"sum": st.sum(0), "max": st.max(0), "min": st.min(0), "prod": st.prod(0),
               "avg": st.sum(0) / g.size}[op].astype(dtype)
@@ -80,7 +81,8 @@ def test_all_reduce_enum_op_and_bool(g):
         MAX = "max"
 
     x = data(g.rank, (4,), np.float64)
-    np.testing.assert_allclose(g.all_reduce(x, RT.SUM), sum(data(r, (4,), np.float64) for r in range(g.size)))
+    np.testing.assert_allclose(g.all_reduce(x, RT.SUM), sum(data(r, (4,), np.float64)
+                                                            for r in range(g.size)))
     b = np.array([g.rank == 0, False, True])
     np.testing.assert_array_equal(g.all_reduce(b, "sum"), [True, False, True])
     np.testing.assert_array_equal(g.all_reduce(b, "min"), [g.size == 1, False, True])
@@ -313,14 +315,17 @@ def test_chunked_large_count_path(g, chunked):
     sizes = gather_sizes(k, "uneven")
     gx = [data(r, (2, sizes[r], 3), np.float32) for r in range(k)]
     np.testing.assert_array_equal(g.all_gather(gx[me], axis=1), np.concatenate(gx, axis=1))
-    np.testing.assert_array_equal(g.all_gather(gx[me], axis=1, sizes=sizes), np.concatenate(gx, axis=1))
+    np.testing.assert_array_equal(g.all_gather(gx[me], axis=1, sizes=sizes),
+                                  np.concatenate(gx, axis=1))
     np.testing.assert_allclose(g.reduce_scatter(xs[me], axis=0), np.array_split(sum(xs), k)[me])
-    np.testing.assert_allclose(g.reduce_scatter(xs[me], "avg", axis=1), np.array_split(sum(xs) / k, k, axis=1)[me])
+    np.testing.assert_allclose(g.reduce_scatter(xs[me], "avg", axis=1),
+                               np.array_split(sum(xs) / k, k, axis=1)[me])
     for s, c in A2A_AXES:
         ax = [a2a_input(r, s, c, 7, np.int64, k) for r in range(k)]
         np.testing.assert_array_equal(g.all_to_all(ax[me], s, c), a2a_oracle(ax, me, s, c, k))
         recv = [np.array_split(x, k, axis=s)[me].shape[c] for x in ax]
-        np.testing.assert_array_equal(g.all_to_all(ax[me], s, c, recv_sizes=recv), a2a_oracle(ax, me, s, c, k))
+        np.testing.assert_array_equal(g.all_to_all(ax[me], s, c, recv_sizes=recv),
+                                      a2a_oracle(ax, me, s, c, k))
     np.testing.assert_array_equal(g.broadcast(xs[me], src=k - 1), xs[k - 1])
     np.testing.assert_array_equal(g.sendrecv(xs[me], (me + 1) % k, (me - 1) % k), xs[(me - 1) % k])
     if k > 1:
@@ -389,18 +394,22 @@ def test_grid_rows_and_columns_at_once(g):
     for _ in range(3):  # interleave traffic on both groups
         r = row.all_reduce(x)
         c = col.all_gather(x, axis=1)
-        np.testing.assert_allclose(r, data(2 * i, (3, 2), np.float64) + data(2 * i + 1, (3, 2), np.float64))
-        np.testing.assert_array_equal(c, np.concatenate([data(j, (3, 2), np.float64), data(2 + j, (3, 2), np.float64)], axis=1))
+        np.testing.assert_allclose(r, data(2 * i, (3, 2), np.float64)
+                                   + data(2 * i + 1, (3, 2), np.float64))
+        np.testing.assert_array_equal(c, np.concatenate([data(j, (3, 2), np.float64),
+                                                         data(2 + j, (3, 2), np.float64)], axis=1))
         rs = col.reduce_scatter(np.ones((5, 2)) * g.rank, axis=0)
         np.testing.assert_allclose(rs, np.array_split(np.ones((5, 2)) * (j + 2 + j), 2)[i])
         a = row.all_to_all(np.arange(4.0).reshape(2, 2) + 10 * g.rank, 0, 1)
-        np.testing.assert_array_equal(a, np.concatenate([np.arange(4.0).reshape(2, 2)[j:j + 1] + 10 * (2 * i + s) for s in range(2)], axis=1))
+        np.testing.assert_array_equal(a, np.concatenate(
+            [np.arange(4.0).reshape(2, 2)[j:j + 1] + 10 * (2 * i + s) for s in range(2)], axis=1))
 
 
 # ---------------------------------------------------------------------------- bad inputs
 def test_bad_inputs_raise_on_every_rank(g):
     x = data(g.rank, (4, 3), np.float64)
-    with pytest.raises(ValueError, match=r"all_gather: argument 'axis'=2 is out of range .*\(4, 3\)"):
+    with pytest.raises(ValueError,
+                       match=r"all_gather: argument 'axis'=2 is out of range .*\(4, 3\)"):
         g.all_gather(x, axis=2)
     with pytest.raises(ValueError, match=rf"broadcast: argument 'src'={g.size} is out of range"):
         g.broadcast(x, src=g.size)
@@ -408,7 +417,8 @@ def test_bad_inputs_raise_on_every_rank(g):
         g.send(x, -1)
     with pytest.raises(ValueError, match="all_reduce: unsupported reduce op 'mean'"):
         g.all_reduce(x, "mean")
-    with pytest.raises(TypeError, match=r"reduce_scatter: reduce op 'avg' is not supported for dtype int64 \(shape=\(4, 3\)\)"):
+    with pytest.raises(TypeError, match=r"reduce_scatter: reduce op 'avg' is not supported for "
+                                        r"dtype int64 \(shape=\(4, 3\)\)"):
         g.reduce_scatter(x.astype(np.int64), "avg")
     with pytest.raises(TypeError, match="complex"):
         g.all_reduce(x.astype(np.complex128), "max")
@@ -614,9 +624,11 @@ def test_all_to_all_without_shared_results(g, shared, monkeypatch):
 def test_prepare_checks_arguments_once(g):
     with pytest.raises(ValueError, match="prepare: collective 'broadcast' is not one of"):
         g.prepare("broadcast", (2,), np.float64)
-    with pytest.raises(ValueError, match=r"all_gather: argument 'axis'=2 is out of range .*\(4, 3\)"):
+    with pytest.raises(ValueError,
+                       match=r"all_gather: argument 'axis'=2 is out of range .*\(4, 3\)"):
         g.prepare("all_gather", (4, 3), np.float64, axis=2)
-    with pytest.raises(TypeError, match="all_reduce: reduce op 'avg' is not supported for dtype int64"):
+    with pytest.raises(TypeError,
+                       match="all_reduce: reduce op 'avg' is not supported for dtype int64"):
         g.prepare("all_reduce", (4,), np.int64, op="avg")
     fn = g.prepare("all_reduce", (4,), np.float64)
     with pytest.raises(ValueError, match="all_reduce: argument 'out' has shape=\\(3,\\)"):

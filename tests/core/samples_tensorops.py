@@ -5,10 +5,9 @@ gradient would be ambiguous), argsort's do (stability is part of its contract)."
 from __future__ import annotations
 
 import numpy as np
+from core_samples import _distinct, _n, _pos  # the shared generators (merged back there)
 
 from disttensor.ops.shape import normalize_index
-
-from core_samples import _distinct, _n, _pos  # the shared generators (merged back there)
 
 
 def _u(gen=_n, shape=(5, 7), **attrs):

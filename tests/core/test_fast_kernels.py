@@ -1,7 +1,7 @@
 """The compiled kernels (disttensor.ops.fast, numba) and the numpy kernels they wrap against
 numpy oracles written here: values and gradients of softmax, layer_norm, relu (relu_ in place)
-and gelu (tanh and exact) in float32 and float64 over several leading shapes, with ``out=`` fresh, the
-input itself and dout; the compiled loops must have run (counted); the cases a loop does
+and gelu (tanh and exact) in float32 and float64 over several leading shapes, with ``out=``
+fresh, the input itself and dout; the compiled loops must have run (counted); the cases a loop does
 not take (non-contiguous, another axis, float16, float64 exact gelu) must give numpy's result
 from the fallback. The backend switch (``DISTTENSOR_KERNELS``) is checked in a subprocess whether or
 not numba is installed; the compiled cases need numba."""
@@ -173,7 +173,8 @@ def _vector_setting_in_subprocess(env_extra: dict) -> list:
     code = ("import os, llvmlite.binding as ll; from disttensor.ops import fast; fast._loops(); "
             "from numba.core.registry import cpu_target; "
             "print(cpu_target.target_context.codegen()._tm_features); "
-            "print(os.environ.get('NUMBA_CPU_FEATURES')); print(ll.get_host_cpu_features().flatten())")
+            "print(os.environ.get('NUMBA_CPU_FEATURES')); "
+            "print(ll.get_host_cpu_features().flatten())")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
     env.update(PYTHONPATH=ROOT, DISTTENSOR_KERNELS="numba", **env_extra)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -387,6 +388,7 @@ def test_exp_is_accurate_over_the_normal_range():
     the loops' floating-point flags, under which reassociation once merged ln 2's two halves
     (4.5 units off near x = 88)."""
     from numba import njit
+
     from disttensor.ops.numba_loops import _JIT, _exp
 
     @njit(fastmath=_JIT["fastmath"])
@@ -411,8 +413,9 @@ def test_exp_is_accurate_over_the_normal_range():
 def test_exact_gelu_float32_is_within_a_few_eps_of_math_erfc(ran):
     """The compiled exact GELU and its gradient in float32 on a dense grid, both tails included,
     against math.erfc in float64: within 4 eps relative wherever x >= -13 (below, x * Phi(x) <
-    2e-37 and its gradient < 2e-36 underflow); the gradient, which crosses 0 near x = -0.75, relative to
-    ``|Phi(x)| + |x pdf(x)|``. Signed zeros, infinities and NaN as numpy's kernel gives them."""
+    2e-37 and its gradient < 2e-36 underflow); the gradient, which crosses 0 near x = -0.75,
+    relative to ``|Phi(x)| + |x pdf(x)|``. Signed zeros, infinities and NaN as numpy's kernel
+    gives them."""
     rng = np.random.default_rng(12)
     x = np.concatenate([np.linspace(-13.0, 13.5, 400_001), rng.standard_normal(100_000) * 3,
                         np.geomspace(1e-30, 1.0, 2_001), -np.geomspace(1e-30, 1.0, 2_001)])

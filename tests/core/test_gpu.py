@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import disttensor as dt
-from disttensor.ops import OPS
-from disttensor.dispatch import apply
-
 from core_samples import SAMPLES
 
+import disttensor as dt
+from disttensor.dispatch import apply
+from disttensor.ops import OPS
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from core_samples import OPTIONS, SAMPLES
 
 import disttensor as dt
-from disttensor.ops import OPS
 from disttensor.dispatch import apply
-
-from core_samples import OPTIONS, SAMPLES
+from disttensor.ops import OPS
 
 # the distributed entry points (rule None: reshard, shard_tensor, ...) have their gradient
 # tests in tests/distributed/test_api.py

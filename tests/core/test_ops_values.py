@@ -134,7 +134,8 @@ def test_scale_cast_clip_where_like():
 @pytest.mark.parametrize("sx,sy,tx,ty", [
     ((3, 4), (4, 5), False, False), ((4,), (4,), False, False), ((4,), (4, 2), False, False),
     ((3, 4), (4,), False, False), ((2, 1, 3, 4), (5, 4, 2), False, False),
-    ((4, 3), (4, 2), True, False), ((3, 4), (2, 4), False, True), ((2, 4, 3), (2, 5, 4), True, True),
+    ((4, 3), (4, 2), True, False), ((3, 4), (2, 4), False, True), ((2, 4, 3), (2, 5, 4), True,
+                                                                   True),
     ((0, 4), (4, 3), False, False), ((3, 0), (0, 2), False, False)])
 def test_matmul(sx, sy, tx, ty):
     x, y = n(*sx), n(*sy)

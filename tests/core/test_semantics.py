@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import disttensor as dt
-from disttensor.ops import OPS
 from disttensor.dispatch import apply
+from disttensor.ops import OPS
 
 
 def T(a, **k):

@@ -140,7 +140,8 @@ def test_sort_argsort_topk():
     idx = np.argsort(-d, axis=1)[:, :3]
     np.put_along_axis(want, idx, w, 1)
     np.testing.assert_array_equal(g, want)
-    with pytest.raises(ValueError, match=r"topk: k=5 must be an int in \[0, 4\] \(x shape \[2, 4\]"):
+    with pytest.raises(ValueError,
+                       match=r"topk: k=5 must be an int in \[0, 4\] \(x shape \[2, 4\]"):
         dt.topk(t(x), 5)
 
 
@@ -152,7 +153,8 @@ def test_cumsum_flip_roll_repeat_unbind():
     np.testing.assert_allclose(g, np.flip(np.cumsum(np.flip(w, 1), 1), 1))
     np.testing.assert_array_equal(dt.flip(t(x), 0).numpy(), x[::-1])
     np.testing.assert_array_equal(dt.roll(t(x), 2).numpy(), np.roll(x, 2))
-    np.testing.assert_array_equal(dt.roll(t(x), [1, -1], [0, 1]).numpy(), np.roll(x, [1, -1], [0, 1]))
+    np.testing.assert_array_equal(dt.roll(t(x), [1, -1], [0, 1]).numpy(),
+                                  np.roll(x, [1, -1], [0, 1]))
     np.testing.assert_array_equal(dt.repeat_interleave(t(x), 2, 1).numpy(), np.repeat(x, 2, 1))
     np.testing.assert_array_equal(
         dt.repeat_interleave(t(x.ravel()[:3]), t(np.array([1, 0, 2]))).numpy(),

@@ -39,7 +39,8 @@ def _gelu_grad(x, g, approximate):
         c = math.sqrt(2.0 / math.pi)
         t = np.tanh(c * (x + 0.044715 * x ** 3))
         return g * (0.5 * (1 + t) + 0.5 * x * (1 - t ** 2) * c * (1 + 3 * 0.044715 * x ** 2))
-    return g * (0.5 * (1 + _erf(x / math.sqrt(2.0))) + x * np.exp(-x * x / 2) / math.sqrt(2 * np.pi))
+    return g * (0.5 * (1 + _erf(x / math.sqrt(2.0)))
+                + x * np.exp(-x * x / 2) / math.sqrt(2 * np.pi))
 
 
 def _reduce(fn):

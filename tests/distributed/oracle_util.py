@@ -26,16 +26,17 @@ import numpy as np
 
 import disttensor as dt
 from disttensor import Partial, ReduceType, Replicate, Shard
+from disttensor.dispatch import apply
 from disttensor.layout.mesh_groups import coord_of
 from disttensor.ops import OPS
-from disttensor.dispatch import apply
 from disttensor.ops.shape import normalize_index
 from spmd_rules import DistAttr, local_slices
 
 _CORE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core")
 if _CORE not in sys.path:
     sys.path.insert(0, _CORE)
-from core_samples import FORWARD_ONLY as FAMILY_FORWARD_ONLY, SAMPLES  # noqa: E402
+from core_samples import FORWARD_ONLY as FAMILY_FORWARD_ONLY  # noqa: E402
+from core_samples import SAMPLES
 
 # Placement combos per (sample, mesh) before sampling kicks in; ORACLE_CAP=0 means all.
 CAP = int(os.environ.get("ORACLE_CAP", "16"))
@@ -266,7 +267,8 @@ def placement_combos(arrays: list, mesh_ndim: int, cap: int = CAP, seed: int = 0
 
     total = int(np.prod([len(opts[i]) for i in present])) if present else 1
     if cap == 0 or total <= cap:
-        return [combo(dict(zip(present, c))) for c in itertools.product(*(opts[i] for i in present))]
+        return [combo(dict(zip(present, c)))
+                for c in itertools.product(*(opts[i] for i in present))]
     out: list = [combo({})]
     for i in present:  # every single shard
         for m in range(mesh_ndim):

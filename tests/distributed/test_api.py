@@ -1,5 +1,6 @@
 """Public distributed API: cross-mesh reshard, gradients, bad input, visualize_sharding and plan
-printing. Multi-rank tests adapt to the world size; ranks outside a mesh take part (empty pieces)."""
+printing. Multi-rank tests adapt to the world size; ranks outside a mesh take part (empty
+pieces)."""
 from __future__ import annotations
 
 import os
@@ -74,7 +75,8 @@ def test_cross_mesh_same_layout_is_point_to_point():
     before = collectives.collective_counts()
     y = dt.reshard(x, b, [Shard(0)])
     d = delta(before)
-    assert not any(d.get(k) for k in ("all_gather", "all_reduce", "all_to_all", "reduce_scatter")), d
+    assert not any(d.get(k) for k in ("all_gather", "all_reduce", "all_to_all",
+                                      "reduce_scatter")), d
     assert d == ({"send": 1} if world().rank < 2 else {"recv": 1})
     local_ok(y, G)
     local_ok(x, G)  # source unchanged

@@ -6,9 +6,9 @@ import pytest
 
 import collectives
 import disttensor as dt
-from disttensor.dispatch import apply
 import disttensor.nn.functional as F
 from disttensor import Partial, Replicate, Shard
+from disttensor.dispatch import apply
 
 pytestmark = pytest.mark.mpi
 

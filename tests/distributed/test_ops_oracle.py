@@ -22,10 +22,22 @@ import traceback
 
 import numpy as np
 import pytest
+from numpy_reference import REFERENCES
+from oracle_util import (
+    _rng,
+    fmt_placements,
+    grad_indices,
+    make_inputs,
+    op_cases,
+    partial_combos,
+    placement_combos,
+    run_case,
+)
 
 import collectives
 import disttensor as dt
 from disttensor import Partial, Replicate, Shard
+from disttensor.dispatch import apply, apply_inplace
 from disttensor.layout.mesh_groups import coord_of
 from disttensor.ops import OPS
 from disttensor.dispatch import apply, apply_inplace
@@ -287,7 +299,8 @@ def test_parallel_cross_entropy_never_gathers_logits():
     want_sm, want_loss, want_g = sm.numpy(), loss.numpy(), ref_x.grad.numpy()
     for mesh in _meshes():
         member = coord_of(mesh) is not None
-        for x_pl, l_pl in (([Replicate()] * (mesh.ndim - 1) + [Shard(1)], [Replicate()] * mesh.ndim),
+        for x_pl, l_pl in (([Replicate()] * (mesh.ndim - 1) + [Shard(1)],
+                            [Replicate()] * mesh.ndim),
                            ([Shard(0)] + [Shard(1)] * (mesh.ndim - 1),
                             [Shard(0)] + [Replicate()] * (mesh.ndim - 1))):
             x = dt.shard_tensor(logits, mesh, x_pl, stop_gradient=False)

@@ -22,13 +22,22 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 import collectives
 import disttensor as dt
 from disttensor.distributed.api import reshard_to
-from spmd_rules import plan_reshard
-from spmd_rules import DistAttr, Partial, ProcessMesh, ReduceType, Replicate, Shard, local_slices
+from spmd_rules import (
+    DistAttr,
+    Partial,
+    ProcessMesh,
+    ReduceType,
+    Replicate,
+    Shard,
+    local_slices,
+    plan_reshard,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -82,7 +91,8 @@ def global_array(shape, seed=0) -> np.ndarray:
 
 def counts_delta(before: dict) -> dict:
     after = collectives.collective_counts()
-    return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after
+            if after.get(k, 0) != before.get(k, 0)}
 
 
 def partial_index(attr: DistAttr, coord) -> tuple[int, int]:
@@ -143,7 +153,8 @@ def check_value(local: np.ndarray, mesh: ProcessMesh, attr: DistAttr, G: np.ndar
     return None
 
 
-def check_partial(local: np.ndarray, mesh: ProcessMesh, attr: DistAttr, G: np.ndarray) -> str | None:
+def check_partial(local: np.ndarray, mesh: ProcessMesh, attr: DistAttr,
+                  G: np.ndarray) -> str | None:
     """A Partial piece: gathers every rank's piece over COMM_WORLD (every rank must call)."""
     pieces = mpi_comm().allgather(local)
     coord = mesh.get_coord(world().rank)
@@ -173,11 +184,13 @@ def expected_single_dim_count(src_pl, dst_pl, mesh_shape) -> int | None:
     if mesh_shape[m] == 1:
         return 0
     touched = {p.dim for p in (src_pl[m], dst_pl[m]) if isinstance(p, Shard)}
-    if any(isinstance(src_pl[j], Shard) and src_pl[j].dim in touched for j in range(m + 1, len(mesh_shape))):
+    if any(isinstance(src_pl[j], Shard) and src_pl[j].dim in touched
+           for j in range(m + 1, len(mesh_shape))):
         return None
     a, b = src_pl[m], dst_pl[m]
     if isinstance(b, Partial):
-        return 1 if isinstance(a, Partial) and {a.reduce_type, b.reduce_type} - {ReduceType.SUM, ReduceType.AVG} else 0
+        linear = {ReduceType.SUM, ReduceType.AVG}
+        return 1 if isinstance(a, Partial) and {a.reduce_type, b.reduce_type} - linear else 0
     if isinstance(a, Replicate):
         return 0
     return 1  # S->R all-gather, P->R all-reduce, P->S reduce-scatter, S->S' all-to-all
@@ -216,7 +229,8 @@ def run_case(G, mesh, src_pl, dst_pl, seed=0, public=None) -> list[str]:
             errs.append(f"{name}: collectives issued {delta} != plan {want_kinds}\n{plan}")
         minimal = expected_single_dim_count(src_pl, dst_pl, mesh.shape)
         if minimal is not None and plan.num_collectives != minimal:
-            errs.append(f"{name}: plan uses {plan.num_collectives} collectives, minimum {minimal}\n{plan}")
+            errs.append(f"{name}: plan uses {plan.num_collectives} collectives, minimum "
+                        f"{minimal}\n{plan}")
     except Exception as e:  # noqa: BLE001 - reported with the case name
         errs.append(f"{name}: raised {type(e).__name__}: {e}")
         local = None
@@ -268,7 +282,8 @@ def test_reshard_all_pairs(mesh_name, shape):
 
 @pytest.mark.parametrize("mesh_name", ["4", "2x2", "3", "2"])
 def test_reshard_to_partial_internal(mesh_name):
-    """Partial targets (R→P, S→P, P(sum)→P(avg/max/min/prod), P→P) through the internal reshard_to."""
+    """Partial targets (R→P, S→P, P(sum)→P(avg/max/min/prod), P→P) through the internal
+    reshard_to."""
     mesh = get_mesh(mesh_name)
     errs = []
     for shape in [(7, 3), (13, 17)]:
@@ -551,7 +566,8 @@ def reshard_cases(draw):
     shape = tuple(draw(st.lists(st.integers(0, 9), min_size=ndim, max_size=ndim)))
     mesh_ndim = np.ndim(MESHES[mesh_name][0])
     opts = [Shard(d) for d in range(ndim)] + [Replicate()]
-    src = draw(st.lists(st.sampled_from(opts + [Partial()]), min_size=mesh_ndim, max_size=mesh_ndim))
+    src = draw(st.lists(st.sampled_from(opts + [Partial()]), min_size=mesh_ndim,
+                        max_size=mesh_ndim))
     dst = draw(st.lists(st.sampled_from(opts), min_size=mesh_ndim, max_size=mesh_ndim))
     return mesh_name, shape, src, dst
 

@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle_util import op_cases
 
 import disttensor as dt
 from disttensor.dispatch import apply
 from disttensor.ops import OPS
 from disttensor.ops.shape import reshape_is_view
 from disttensor.schema import DENSE_CTX, register
-
-from oracle_util import op_cases
 
 RULE_OPS = sorted(n for n, op in OPS.items() if op.rule is not None)
 

@@ -16,7 +16,6 @@ import disttensor as dt
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 import train  # noqa: E402
 
-
 pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 STEPS = 4

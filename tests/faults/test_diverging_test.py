@@ -14,7 +14,8 @@ from launch import find_mpiexec
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MPIEXEC = find_mpiexec()
-UNDER_MPI = any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+UNDER_MPI = any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                          "PMIX_RANK"))
 
 pytestmark = [
     pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found"),

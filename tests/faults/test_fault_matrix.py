@@ -27,7 +27,8 @@ from launch import find_mpiexec
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MPIEXEC = find_mpiexec()
-UNDER_MPI = any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+UNDER_MPI = any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                          "PMIX_RANK"))
 TIMEOUT = 4  # DISTTENSOR_TIMEOUT for these jobs
 STALL = 2  # DISTTENSOR_STALL_TIMEOUT for these jobs
 
@@ -52,17 +53,21 @@ FAULTS = {
     "blocked": ("rank 1 did not arrive", True),
     "numpy_one_rank": (r"rank 1 called a different collective(.|\n)*Tensor.numpy\(\), "
                        "which is a collective", False),
-    "dtype_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: shape \[8, 16\] dtype float32", False),
+    "dtype_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: shape \[8, 16\] dtype float32",
+                       False),
     "shape_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: shape \[6, 16\]", False),
-    "placement_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: .*\[Replicate\(\), Replicate\(\)\]",
+    "placement_disagree": (r"rank\(s\) \[1\] differ(.|\n)*rank 1: .*\[Replicate\(\), "
+                           r"Replicate\(\)\]",
                            False),
-    "swapped_collectives": ("rank 1 called a different collective(.|\n)*rank 1: all_reduce.*op=max", False),
+    "swapped_collectives": ("rank 1 called a different collective(.|\n)*rank 1: all_reduce.*op=max",
+                            False),
     # rank 1 prints loss.numpy(), the others logits.numpy(): every rank of the group raises
     # before data moves
     "stray_numpy": (r"rank 1 called a different collective than other ranks of group \[1, 3\] "
                     r"as call #\d+; no data was exchanged(.|\n)*"
                     r"rank 1: all_reduce\(shape=\(\), .*fault_job.py:\d+ in <module> \(through "
-                    r"Tensor.numpy\(\)(.|\n)*rank 3: all_gather\(.*fault_job.py:\d+ in <module>", False),
+                    r"Tensor.numpy\(\)(.|\n)*rank 3: all_gather\(.*fault_job.py:\d+ in <module>",
+                    False),
     # rank 1 gathers the logits, the others wait in barrier(): the stall probe finds a deadlock
     "stray_numpy_barrier": (r"rank 1 is in another collective than the ranks it waits for(.|\n)*"
                             r"rank 0: in barrier\(\) .*fault_job.py(.|\n)*rank 1: in all_gather"
@@ -73,7 +78,8 @@ RAISED_ON = {"stray_numpy": (1, 3)}
 
 
 # what a rank's watcher prints under plain mpiexec for a rank that died outside Python
-WATCHER_LINE = r"\[disttensor\] job aborted: rank (\d+) \(pid \d+ on host \S+\) (.*); (.*) were stopped because of it"
+WATCHER_LINE = (r"\[disttensor\] job aborted: rank (\d+) \(pid \d+ on host \S+\) (.*); (.*) were "
+                r"stopped because of it")
 WATCHED = {  # fault -> how rank 1's death is described
     "sigkill": r"was killed by signal 9 \(SIGKILL\)",
     "segfault": r"was killed by signal 11 \(SIGSEGV\)",
@@ -126,14 +132,16 @@ def numpy_loss(skipped: tuple[int, ...] = ()) -> float:
 
 def run(tmp_path, fault: str, how: str, **extra_env):
     job_id = uuid.uuid4().hex
-    env = dict(os.environ, **extra_env, FAULT=fault, FAULT_RANK="1", DISTTENSOR_TIMEOUT=str(TIMEOUT),
+    env = dict(os.environ, **extra_env, FAULT=fault, FAULT_RANK="1",
+               DISTTENSOR_TIMEOUT=str(TIMEOUT),
                DISTTENSOR_STALL_TIMEOUT=str(STALL), FAULT_JOB=job_id,
                OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     job = os.path.join(HERE, "fault_job.py")
     if how == "mpiexec":
         cmd = [MPIEXEC, "-n", "4", sys.executable, job]
     else:
-        cmd = [sys.executable, "-m", "launch", "--nproc", "4", "--log-dir", str(tmp_path / "logs"), job]
+        cmd = [sys.executable, "-m", "launch", "--nproc", "4", "--log-dir", str(tmp_path / "logs"),
+               job]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=120, env=env, cwd=str(tmp_path))
     end = time.time()
@@ -180,7 +188,8 @@ def test_fault_ends_job(tmp_path, fault, how):
     assert r.returncode != 0, out
     assert not re.search(r"rank \d final loss -?[0-9]", out), out  # (a traceback may show the line)
     assert since is not None, "the fault was never injected:\n" + out
-    assert since < (TIMEOUT + 10 if timeout_case else 10), f"ended {since:.1f} s after the fault\n{out}"
+    assert since < (TIMEOUT + 10 if timeout_case else 10), \
+        f"ended {since:.1f} s after the fault\n{out}"
     assert re.search(text, out), out
     if how == "launch":
         assert "launch: rank 1 failed" in out, out

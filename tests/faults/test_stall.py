@@ -37,7 +37,8 @@ def test_the_stray_gather_against_a_barrier_is_a_deadlock_blaming_the_stray_rank
         blame, text, ranks = diagnose(me, states, 1.0)
         assert blame == 1 and me in ranks and 1 in ranks
         assert "rank 1 is in another collective than the ranks it waits for" in text
-        assert "  rank 1: in all_gather() call #4 on group ranks [1, 3], called from job.py:14" in text
+        assert ("  rank 1: in all_gather() call #4 on group ranks [1, 3], called from job.py:14"
+                in text)
         assert "  rank 0: in barrier() call #3 on group ranks [0, 1, 2, 3]" in text
 
 

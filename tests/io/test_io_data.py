@@ -5,8 +5,14 @@ import numpy as np
 import pytest
 
 import disttensor as dt
-from disttensor.io import (BatchSampler, DataLoader, Dataset, DistributedBatchSampler,
-                           TensorDataset, default_collate_fn)
+from disttensor.io import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedBatchSampler,
+    TensorDataset,
+    default_collate_fn,
+)
 
 
 class Squares(Dataset):

@@ -16,14 +16,26 @@ import pytest
 
 import disttensor as dt
 from disttensor.jit import verify
-from disttensor.jit.memory import (ALIGN, Block, Buffer, OverlapError, STRATEGIES, aligned,
-                                   check_arena, live_ranges, liveness, lower_bound, plan_arena)
+from disttensor.jit.memory import (
+    ALIGN,
+    STRATEGIES,
+    Block,
+    Buffer,
+    OverlapError,
+    aligned,
+    check_arena,
+    live_ranges,
+    liveness,
+    lower_bound,
+    plan_arena,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 import train  # noqa: E402
 
-EXAMPLE = os.path.join(HERE, "..", "data", "memory_planning_example.json")  # a reference instance of the problem
+# a reference instance of the problem
+EXAMPLE = os.path.join(HERE, "..", "data", "memory_planning_example.json")
 
 
 def _example() -> tuple[list[Buffer], dict]:
@@ -40,7 +52,8 @@ def _overlaps(buffers, offsets) -> list[tuple[int, int]]:
     for i, a in enumerate(buffers):
         for b in buffers[i + 1:]:
             if a.first <= b.last and b.first <= a.last and \
-                    offsets[a.id] < offsets[b.id] + b.size and offsets[b.id] < offsets[a.id] + a.size:
+                    offsets[a.id] < offsets[b.id] + b.size and \
+                    offsets[b.id] < offsets[a.id] + a.size:
                 bad.append((a.id, b.id))
     return bad
 

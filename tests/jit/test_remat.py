@@ -5,18 +5,16 @@ Oracles: a two-layer step's values and SGD updates written with numpy alone (the
 its derivative by hand); train.py's models against their eager runs, bitwise."""
 from __future__ import annotations
 
-import math
 import os
 import sys
 
 import numpy as np
 import pytest
+from test_memory import tightness  # noqa: E402  (tests/jit is on sys.path under pytest)
 
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor.jit import verify
-
-from test_memory import tightness  # noqa: E402  (tests/jit is on sys.path under pytest)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
@@ -135,7 +133,8 @@ def test_recomputed_train_steps_equal_eager_and_hold_less(model_name, scope, com
     verify(prog, prog.memory)
     report = prog.memory_report()
     tight = tightness(scope, recompute=True)
-    assert report["lower_bound_bytes"] <= report["arena_bytes"] <= tight * report["lower_bound_bytes"]
+    bound = report["lower_bound_bytes"]
+    assert bound <= report["arena_bytes"] <= tight * bound
     if model_name == "gpt":  # gelu and layer_norm (after its all-reduce, where it has one)
         names = {op.name for op in prog.backward.ops if "recomputes #" in op.attrs}
         assert {"gelu", "layer_norm"} <= names

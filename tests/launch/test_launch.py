@@ -12,7 +12,8 @@ from launch import find_mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPIEXEC = find_mpiexec()
-UNDER_MPI = any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+UNDER_MPI = any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                          "PMIX_RANK"))
 
 pytestmark = [
     pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found"),
@@ -29,7 +30,8 @@ def launch(tmp_path, code, *opts, nproc=2, args=(), timeout=60):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(code))
     logs = tmp_path / "logs"
-    cmd = [sys.executable, "-m", "launch", "--nproc", str(nproc), "--log-dir", str(logs), *opts, str(script), *args]
+    cmd = [sys.executable, "-m", "launch", "--nproc", str(nproc), "--log-dir", str(logs), *opts,
+           str(script), *args]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=timeout, env=_env(), cwd=str(tmp_path))
     return r, logs
@@ -105,7 +107,8 @@ def test_plain_mpiexec_failure_does_not_hang(tmp_path):
         g.barrier()
     """))
     # a hang runs into the timeout (subprocess.TimeoutExpired fails the test)
-    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], capture_output=True,
+                       text=True,
                        timeout=60, env=_env())
     assert r.returncode != 0 and "KeyError: 'rank zero'" in r.stderr
 
@@ -123,11 +126,13 @@ def test_sigterm_is_forwarded(tmp_path):
         time.sleep(60)
     """))
     logs = tmp_path / "logs"
-    p = subprocess.Popen([sys.executable, "-m", "launch", "--nproc", "2", "--log-dir", str(logs), str(script)],
+    p = subprocess.Popen([sys.executable, "-m", "launch", "--nproc", "2", "--log-dir", str(logs),
+                          str(script)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if all((logs / f"rank_{k}.log").exists() and "ready" in (logs / f"rank_{k}.log").read_text() for k in range(2)):
+        if all((logs / f"rank_{k}.log").exists() and "ready" in (logs / f"rank_{k}.log").read_text()
+               for k in range(2)):
             break
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
@@ -148,7 +153,8 @@ def test_hosts_are_passed_to_mpiexec_and_gpus_bound_by_local_rank(tmp_path):
     """, "--hosts", "localhost,localhost", "--gpus", nproc=2)
     assert r.returncode == 0, r.stdout
     for k in range(2):
-        line = next(x for x in (logs / f"rank_{k}.log").read_text().splitlines() if x.startswith("env"))
+        line = next(x for x in (logs / f"rank_{k}.log").read_text().splitlines()
+                    if x.startswith("env"))
         _, rank, local, cuda = line.split()
         assert rank == str(k) and cuda == local, line
 

@@ -16,8 +16,7 @@ from disttensor.ops import attention as attention_ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "distributed"))
-from references_attention import (attention_probs, dropout_keep, rms,  # noqa: E402
-                                   rotate)
+from references_attention import attention_probs, dropout_keep, rms, rotate  # noqa: E402
 
 F = dt.nn.functional
 IF = dt.incubate.nn.functional

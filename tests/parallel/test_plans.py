@@ -3,15 +3,14 @@ run (values and gradients), sequence parallelism, hooks, and bad plans failing b
 change."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+from parallel_models import TwoLayer
 
 import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import Partial, Replicate, Shard, nn
-from parallel_models import TwoLayer
 
 pytestmark = pytest.mark.mpi
 

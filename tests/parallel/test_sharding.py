@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from parallel_models import TwoLayer
 
 import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import Replicate, Shard
-from parallel_models import TwoLayer
 
 pytestmark = pytest.mark.mpi
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from parallel_models import TwoLayer
 
 import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import DTensor, Partial, Replicate, Shard, nn
-from parallel_models import TwoLayer
 
 pytestmark = pytest.mark.mpi
 

@@ -2,11 +2,12 @@
 training goes on with the same loss (parameters and Adam states resharded across stages)."""
 from __future__ import annotations
 
-import collectives
-import disttensor as dt
 import numpy as np
 import pytest
 from test_pipeline_mpi import data, fresh, loss_fn
+
+import collectives
+import disttensor as dt
 
 pytestmark = pytest.mark.mpi
 

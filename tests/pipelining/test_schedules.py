@@ -1,8 +1,14 @@
 """Schedule tables: every action once, dependencies respected, activation bounds, bubbles."""
 import pytest
 
-from disttensor.pipelining import (Action, bubble_fraction, schedule_actions, schedule_table,
-                                   simulate, theoretical_bubble)
+from disttensor.pipelining import (
+    Action,
+    bubble_fraction,
+    schedule_actions,
+    schedule_table,
+    simulate,
+    theoretical_bubble,
+)
 
 CASES = [("FThenB", 1), ("1F1B", 1), ("VPP", 2), ("VPP", 3)]
 

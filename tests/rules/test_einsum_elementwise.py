@@ -1,10 +1,19 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from spmd_rules import (DistAttr, Partial, ReduceType, Replicate, Shard, contracted_partial, layout,
-                        merge_shardings)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rules_util import meta, run, simulate
+
+from spmd_rules import (
+    DistAttr,
+    Partial,
+    ReduceType,
+    Replicate,
+    Shard,
+    contracted_partial,
+    layout,
+    merge_shardings,
+)
 
 S, R, P = Shard, Replicate, Partial
 
@@ -15,7 +24,8 @@ def test_merge_first_input_wins_and_mesh_dim_used_once():
     merged = merge_shardings(["mk", "mk"], [a, b])
     # m: from a (mesh 0); k: b wants mesh 0, already used by m -> dropped
     assert merged == {"m": (0,)}
-    merged = merge_shardings(["mk", "kn"], [DistAttr((2, 2), ((), (0, 1))), DistAttr((2, 2), ((0,), (1,)))])
+    merged = merge_shardings(["mk", "kn"], [DistAttr((2, 2), ((), (0, 1))),
+                                            DistAttr((2, 2), ((0,), (1,)))])
     assert merged == {"k": (0, 1)}
     assert layout("kn", merged, (2, 2)).dims_mapping == ((0, 1), ())
     assert contracted_partial(merged, "mn") == [(0, ReduceType.SUM), (1, ReduceType.SUM)]
@@ -68,7 +78,8 @@ def test_elementwise_partials():
     assert not r.inputs[0].is_partial() and not r.outputs[0].dist_attr.is_partial()
     # add: all partial on the same mesh dims -> kept
     r = run("elementwise", ps, ps, op="add", linear="add")
-    assert r.inputs == (ps.dist_attr, ps.dist_attr) and r.outputs[0].dist_attr.partial == ((0, "sum"),)
+    assert r.inputs == (ps.dist_attr, ps.dist_attr)
+    assert r.outputs[0].dist_attr.partial == ((0, "sum"),)
     # add with one non-partial input -> that input becomes Partial locally, output Partial
     r = run("elementwise", ps, rep, op="add", linear="add")
     assert r.inputs == (ps.dist_attr, ps.dist_attr) and r.outputs[0].dist_attr == ps.dist_attr
@@ -76,12 +87,15 @@ def test_elementwise_partials():
     pm = meta((4,), [P("max")])
     assert not run("elementwise", pm, pm, linear="add").outputs[0].dist_attr.is_partial()
     r = run("elementwise", pm, rep, op="maximum", linear="max")
-    assert r.inputs == (pm.dist_attr, pm.dist_attr) and r.outputs[0].dist_attr == pm.dist_attr
-    assert not run("elementwise", pm, rep, op="minimum", linear="min").outputs[0].dist_attr.is_partial()
+    assert r.inputs == (pm.dist_attr, pm.dist_attr)
+    assert r.outputs[0].dist_attr == pm.dist_attr
+    r = run("elementwise", pm, rep, op="minimum", linear="min")
+    assert not r.outputs[0].dist_attr.is_partial()
     # mul: input 0 partial by default; input 1 only when allowed
     r = run("elementwise", ps, rep, op="divide", linear="mul")
     assert r.outputs[0].dist_attr.is_partial() and r.inputs[0].is_partial()
-    assert not run("elementwise", rep, ps, op="divide", linear="mul").outputs[0].dist_attr.is_partial()
+    r = run("elementwise", rep, ps, op="divide", linear="mul")
+    assert not r.outputs[0].dist_attr.is_partial()
     r = run("elementwise", rep, ps, op="multiply", linear="mul", linear_inputs=(0, 1))
     assert r.outputs[0].dist_attr.is_partial() and r.inputs[1].is_partial()
     # P * P: one factor stays Partial, the other is resolved (one all-reduce, not two)
@@ -163,6 +177,7 @@ def _simulate_with_to_partial(result, globals_, fn, expected):
     """Like rules_util.simulate, but each input's pieces are made from its global value the way
     reshard's local steps make them (Partial(sum) from Replicate: value at coordinate 0)."""
     from rules_util import check_output, coords
+
     from spmd_rules import local_slices
     mesh = result.inputs[0].mesh_shape
     per_input = []

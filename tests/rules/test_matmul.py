@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rules_util import meta, run, simulate
 
 from spmd_rules import DistAttr, Partial, Replicate, Shard, TensorMeta
-from rules_util import meta, run, simulate
 
 S, R, P = Shard, Replicate, Partial
 
@@ -111,13 +112,16 @@ def mm_cases(draw):
     x_nd, y_nd = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     m, n = draw(st.integers(0, 5)), draw(st.integers(0, 5))
     tx, ty = draw(st.booleans()), draw(st.booleans())
-    xs = (k,) if x_nd == 1 else batch[draw(st.integers(0, len(batch))):] + ((k, m) if tx else (m, k))
-    ys = (k,) if y_nd == 1 else tuple(1 if draw(st.booleans()) else b for b in batch) + ((n, k) if ty else (k, n))
+    xs = (k,) if x_nd == 1 else \
+        batch[draw(st.integers(0, len(batch))):] + ((k, m) if tx else (m, k))
+    ys = (k,) if y_nd == 1 else \
+        tuple(1 if draw(st.booleans()) else b for b in batch) + ((n, k) if ty else (k, n))
     mesh = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
     attrs = []
     for shape in (xs, ys):
         choices = [R(), P()] + [S(d) for d in range(len(shape))]
-        attrs.append(DistAttr.from_placements([draw(st.sampled_from(choices)) for _ in mesh], len(shape), mesh))
+        attrs.append(DistAttr.from_placements([draw(st.sampled_from(choices)) for _ in mesh],
+                                              len(shape), mesh))
     return xs, ys, tx and x_nd > 1, ty and y_nd > 1, attrs
 
 

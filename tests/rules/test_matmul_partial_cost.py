@@ -2,8 +2,9 @@
 output Partial) against resolving it, counting the output's later reduction: after a
 normalisation written from primitives (its output Partial on mp), a column-parallel weight
 stays sharded and the activation is all-reduced."""
-from spmd_rules import Partial, Replicate, Shard
 from rules_util import meta, run
+
+from spmd_rules import Partial, Replicate, Shard
 
 S, R, P = Shard, Replicate, Partial
 MESH = (2, 2)   # [dp, mp]

@@ -3,9 +3,9 @@ the attrs the op registry passes): a Partial input is either kept exactly as it 
 never relabelled; an output is Partial on the input's mesh dim only where an input kept it, and
 then with exactly its reduce type (a Partial(max) never comes out as Partial(min), sum or
 avg), or where the rule resharded a resolved input onto a contracted dim (a Partial(sum) of the
-contraction, as a row-parallel conv gives). The values behind these layouts are checked by the op-by-placement oracle
-(tests/distributed/test_ops_oracle.py), which feeds every op Partial(max), (min), (prod),
-(any) and (all) inputs as well."""
+contraction, as a row-parallel conv gives). The values behind these layouts are checked by the
+op-by-placement oracle (tests/distributed/test_ops_oracle.py), which feeds every op Partial(max),
+(min), (prod), (any) and (all) inputs as well."""
 from __future__ import annotations
 
 import os

@@ -1,10 +1,21 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from spmd_rules import (DistAttr, Partial, ProcessMesh, ReduceType, Replicate, Shard, local_offset,
-                        local_shape, local_slices, split_range)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rules_util import coords
+
+from spmd_rules import (
+    DistAttr,
+    Partial,
+    ProcessMesh,
+    ReduceType,
+    Replicate,
+    Shard,
+    local_offset,
+    local_shape,
+    local_slices,
+    split_range,
+)
 
 
 def test_placement_basics():
@@ -65,7 +76,8 @@ def test_dist_attr_roundtrip():
     assert co.to_placements() == [Shard(1), Shard(1)]
     r = DistAttr.replicated(3, (2,))
     assert r.is_replicated() and r.to_placements() == [Replicate()]
-    assert a.without_partial().partial == () and r.with_partial({0: "sum"}).partial == ((0, ReduceType.SUM),)
+    assert a.without_partial().partial == ()
+    assert r.with_partial({0: "sum"}).partial == ((0, ReduceType.SUM),)
     assert r.with_dims_mapping([(0,), (), ()]).dims_mapping == ((0,), (), ())
     assert hash(a) == hash(DistAttr((2, 3, 2), ((0,), (1,)), ((2, "max"),)))
 
@@ -101,7 +113,8 @@ def test_local_shape_uneven_and_nested():
     # 7 -> [4, 3] -> [[2, 2], [2, 1]]
     assert [local_shape((7,), a, c) for c in coords((2, 2))] == [(2,), (2,), (2,), (1,)]
     assert [local_offset((7,), a, c) for c in coords((2, 2))] == [(0,), (2,), (4,), (6,)]
-    assert local_slices((2, 5), DistAttr.from_placements([Shard(0)], 2, (3,)), (2,)) == (slice(2, 2), slice(0, 5))
+    empty = DistAttr.from_placements([Shard(0)], 2, (3,))
+    assert local_slices((2, 5), empty, (2,)) == (slice(2, 2), slice(0, 5))
     p = DistAttr.from_placements([Partial()], 2, (4,))
     assert local_shape((3, 5), p, (3,)) == (3, 5)
 

@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rules_util import meta, run, simulate
 
 from spmd_rules import DistAttr, Partial, Replicate, Shard, TensorMeta
-from rules_util import meta, run, simulate
 
 S, R, P = Shard, Replicate, Partial
 
@@ -17,7 +18,8 @@ def test_sum_sharded_axis_gives_partial():
     assert r.outputs[0].shape == (8, 1) and r.outputs[0].dist_attr.to_placements() == [P()]
 
 
-@pytest.mark.parametrize("kind,rt", [("max", "max"), ("min", "min"), ("prod", "prod"), ("mean", "sum")])
+@pytest.mark.parametrize("kind,rt", [("max", "max"), ("min", "min"), ("prod", "prod"),
+                                     ("mean", "sum")])
 def test_partial_types(kind, rt):
     r = run("reduction", meta((8, 6), [S(1), S(0)], (2, 3)), axis=None, reduce_type=kind)
     assert r.outputs[0].shape == () and r.outputs[0].dist_attr.partial == ((0, rt), (1, rt))
@@ -34,7 +36,8 @@ def test_arg_reductions_replicate_reduced_axis(kind):
 
 def test_partial_input():
     ps = meta((8, 6), [P()])
-    assert run("reduction", ps, axis=(0,), reduce_type="sum").outputs[0].dist_attr.partial == ((0, "sum"),)
+    r = run("reduction", ps, axis=(0,), reduce_type="sum")
+    assert r.outputs[0].dist_attr.partial == ((0, "sum"),)
     # max of a Partial(sum): resolved (the Partial's mesh dim is not moved onto a dim)
     r = run("reduction", ps, axis=(0,), reduce_type="max")
     assert not r.inputs[0].is_partial() and not r.outputs[0].dist_attr.is_partial()
@@ -63,7 +66,8 @@ def red_cases(draw):
     choices = [R()] + [S(d) for d in range(ndim)] + [P(t) for t in ("sum", "avg", "max", "min",
                                                                      "prod")]
     attr = DistAttr.from_placements([draw(st.sampled_from(choices)) for _ in mesh], ndim, mesh)
-    axes = tuple(sorted(draw(st.sets(st.integers(0, max(ndim - 1, 0)), max_size=ndim)))) if ndim else ()
+    axes = tuple(sorted(draw(st.sets(st.integers(0, max(ndim - 1, 0)), max_size=ndim)))) \
+        if ndim else ()
     return shape, attr, kind, axes, draw(st.booleans())
 
 
@@ -81,7 +85,8 @@ def test_reduction_local_op_gives_global_result(case):
     def dense(a):
         if kind == "argmax":
             return np.argmax(a, axis=ax[0], keepdims=keepdim) if len(ax) == 1 else None
-        f = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "any": np.any}[kind]
+        f = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min, "prod": np.prod,
+             "any": np.any}[kind]
         out = f(a, axis=ax, keepdims=keepdim).astype(float)
         return out / count if kind == "mean" and count else out
 
@@ -106,7 +111,8 @@ def test_softmax():
     r = run("softmax", x, axis=2)
     assert r.inputs[0].dims_mapping == ((0, 1), (), ())  # mesh 1 moves onto dim 0 (all-to-all)
     assert len(r.outputs) == 1 and r.outputs[0].dist_attr == r.inputs[0]
-    r = run("softmax", meta((4, 6), [R()]), meta((4, 6), [S(0)]), axis=1, num_outputs=1, op="softmax_grad")
+    r = run("softmax", meta((4, 6), [R()]), meta((4, 6), [S(0)]), axis=1, num_outputs=1,
+            op="softmax_grad")
     assert r.inputs[0].dims_mapping == ((0,), ()) == r.inputs[1].dims_mapping
     r = run("softmax", meta((4, 6), [P()]), axis=0, num_outputs=2)
     assert not r.inputs[0].is_partial() and len(r.outputs) == 2

@@ -7,16 +7,34 @@ from spmd_rules import (DistAttr, Flatten, InputDim, Partial, Replicate, Shard, 
                         reshard_cost)
 from rules_util import coords, meta, run
 
+from spmd_rules import (
+    DistAttr,
+    Flatten,
+    InputDim,
+    Partial,
+    Replicate,
+    Shard,
+    Singleton,
+    Split,
+    TensorMeta,
+    local_shape,
+    local_slices,
+    make_reshape_dim_trans,
+    reshard_cost,
+)
+
 S, R, P = Shard, Replicate, Partial
 
 
 def test_dim_trans_examples():
     assert make_reshape_dim_trans((6, 12, 48), (72, 6, 8)) == [
-        Flatten(InputDim(0), InputDim(1)), Split(InputDim(2), (6, 8), 0), Split(InputDim(2), (6, 8), 1)]
+        Flatten(InputDim(0), InputDim(1)), Split(InputDim(2), (6, 8), 0),
+        Split(InputDim(2), (6, 8), 1)]
     f = Flatten(InputDim(0), InputDim(1))
     assert make_reshape_dim_trans((2, 3), (3, 2)) == [Split(f, (3, 2), 0), Split(f, (3, 2), 1)]
     # size-1 dims pair with the size-1 dims of the same gap (a sharding on them survives)
-    assert make_reshape_dim_trans((1, 4, 1, 3), (4, 1, 3)) == [InputDim(1), InputDim(2), InputDim(3)]
+    assert make_reshape_dim_trans((1, 4, 1, 3), (4, 1, 3)) == [InputDim(1), InputDim(2),
+                                                               InputDim(3)]
     assert make_reshape_dim_trans((1, 4, 3), (4, 1, 3)) == [InputDim(1), Singleton(), InputDim(2)]
     assert make_reshape_dim_trans((), (1, 1)) == [Singleton(), Singleton()]
     assert repr(f) == "Flatten(InputDim(dim=0), InputDim(dim=1))"
@@ -80,7 +98,8 @@ def test_reshape_split_divisible():
 def test_uneven_on_mesh_of_3():
     # InputDim keeps an uneven sharding
     r = run("reshape", meta((7, 4), [S(0)], (3,)), shape=(7, 2, 2))
-    assert r.inputs[0].dims_mapping == ((0,), ()) and r.outputs[0].dist_attr.dims_mapping == ((0,), (), ())
+    assert r.inputs[0].dims_mapping == ((0,), ())
+    assert r.outputs[0].dist_attr.dims_mapping == ((0,), (), ())
     # Flatten with an uneven leading dim -> replicate
     r = run("reshape", meta((7, 4), [S(0)], (3,)), shape=(28,))
     assert r.inputs[0].is_replicated()
@@ -246,5 +265,6 @@ def test_co_sharded_reshape_keeps_four_way_sharding(target):
     x = meta((4, 6, 8), [S(0), S(1)], (2, 2))
     r = run("reshape", x, shape=target)
     assert r.outputs[0].dist_attr.dims_mapping[0] == (0, 1)
-    assert [s.kind for s in plan_same_mesh((4, 6, 8), 4, x.dist_attr, r.inputs[0])] == ["all_to_all"]
+    steps = plan_same_mesh((4, 6, 8), 4, x.dist_attr, r.inputs[0])
+    assert [s.kind for s in steps] == ["all_to_all"]
     _check_reshape((4, 6, 8), target, x.dist_attr)

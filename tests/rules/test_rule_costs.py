@@ -73,7 +73,8 @@ def test_rule_picks_the_cheapest_layout(name):
                 failures.append(
                     f"{name} shapes {shapes} attrs {attrs}: from "
                     f"{[None if a is None else a.to_placements() for a in src]} the rule moves "
-                    f"{mine} elements to {[None if a is None else a.to_placements() for a in chosen]}"
+                    f"{mine} elements to "
+                    f"{[None if a is None else a.to_placements() for a in chosen]}"
                     f", but {[None if a is None else a.to_placements() for a in best]} moves "
                     f"{_cost(shapes, src, best)}")
     assert not failures, "\n".join(failures[:8])

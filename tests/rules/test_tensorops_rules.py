@@ -1,9 +1,9 @@
 """The tensor ops' rules as pure functions of metadata: which axes stay sharded, which are
 gathered, where a Partial stays, and the errors (op, argument, shapes)."""
 import pytest
+from rules_util import meta, run
 
 from spmd_rules import DistAttr, Partial, Replicate, Shard
-from rules_util import meta, run
 
 S, R, P = Shard, Replicate, Partial
 

@@ -1,10 +1,21 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from spmd_rules import (RULES, DistAttr, Partial, Replicate, Shard, TensorMeta, get_rule,
-                        local_shape, register_rule, rule_coverage)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rules_util import check_output, meta, pieces_of, run, simulate
+
+from spmd_rules import (
+    RULES,
+    DistAttr,
+    Partial,
+    Replicate,
+    Shard,
+    TensorMeta,
+    get_rule,
+    local_shape,
+    register_rule,
+    rule_coverage,
+)
 
 S, R, P = Shard, Replicate, Partial
 
@@ -26,7 +37,8 @@ def test_slice():
     assert r.inputs[0].dims_mapping == ((0, 1), (), ())
     assert r.outputs[0].dist_attr.dims_mapping == ((0, 1), (), ())
     r = run("slice", meta((4, 6), [S(1), P()], (2, 2)), index=(1,))
-    assert r.outputs[0].shape == (6,) and r.outputs[0].dist_attr == DistAttr((2, 2), ((0,),), ((1, "sum"),))
+    assert r.outputs[0].shape == (6,)
+    assert r.outputs[0].dist_attr == DistAttr((2, 2), ((0,),), ((1, "sum"),))
     r = run("slice", meta((4, 6), [S(0)]), index=(slice(0, 100, 1),))
     assert r.inputs[0].dims_mapping == ((0,), ())  # clipped stop: still full range
     with pytest.raises(ValueError, match="getitem.*out of range"):
@@ -37,9 +49,11 @@ def test_slice():
 
 def test_slice_grad():
     dout = meta((4, 1, 4), [S(0), S(2)], (2, 2))
-    r = run("slice_grad", dout, index=(slice(0, 4, 1), None, 2, slice(1, 8, 2)), input_shape=(4, 6, 8))
+    r = run("slice_grad", dout, index=(slice(0, 4, 1), None, 2, slice(1, 8, 2)),
+            input_shape=(4, 6, 8))
     assert r.inputs[0].dims_mapping == ((0, 1), (), ())
-    assert r.outputs[0].shape == (4, 6, 8) and r.outputs[0].dist_attr.dims_mapping == ((0, 1), (), ())
+    assert r.outputs[0].shape == (4, 6, 8)
+    assert r.outputs[0].dist_attr.dims_mapping == ((0, 1), (), ())
     with pytest.raises(ValueError, match="slice_grad.*dout"):
         run("slice_grad", meta((4, 1, 3), [R()]), index=(slice(0, 4, 1), None, 2, slice(1, 8, 2)),
             input_shape=(4, 6, 8))
@@ -121,7 +135,8 @@ def test_gather_simulations():
     r = run("gather", meta((7, 3), [S(0)], (3,)), meta((5,), [S(0)], (3,)), axis=0)
     simulate(r, [x, idx.astype(float)], lambda a, i, coord: a[i.astype(int)], x[idx])
     dout = rng.standard_normal((5, 3))
-    r = run("gather_grad", meta((5,), [S(0)], (3,)), meta((5, 3), [R()], (3,)), axis=0, input_shape=(7, 3))
+    r = run("gather_grad", meta((5,), [S(0)], (3,)), meta((5, 3), [R()], (3,)), axis=0,
+            input_shape=(7, 3))
 
     def scatter(i, d, coord):
         out = np.zeros((7, 3))
@@ -152,10 +167,13 @@ def test_one_hot_tile_expand():
 
 
 def test_replicated_fallback_and_registry():
-    r = run("replicated", meta((4, 6), [S(0), P()], (2, 2)), None, out_shapes=((3,), (2, 2)), op="svd")
+    r = run("replicated", meta((4, 6), [S(0), P()], (2, 2)), None, out_shapes=((3,), (2, 2)),
+            op="svd")
     assert r.inputs[0] == DistAttr.replicated(2, (2, 2)) and r.inputs[1] is None
-    assert [o.shape for o in r.outputs] == [(3,), (2, 2)] and all(o.dist_attr.is_replicated() for o in r.outputs)
-    assert run("replicated", out_shapes=((2,),), mesh_shape=(4,)).outputs[0].dist_attr.mesh_shape == (4,)
+    assert [o.shape for o in r.outputs] == [(3,), (2, 2)] and all(o.dist_attr.is_replicated()
+                                                                  for o in r.outputs)
+    r = run("replicated", out_shapes=((2,),), mesh_shape=(4,))
+    assert r.outputs[0].dist_attr.mesh_shape == (4,)
     with pytest.raises(ValueError, match="svd.*out_shapes"):
         run("replicated", meta((4,), [R()]), op="svd")
     with pytest.raises(KeyError, match="nope"):
@@ -186,7 +204,8 @@ def test_mesh_mismatch_and_missing_inputs():
 @st.composite
 def layout_of(draw, shape, mesh, partial=True):
     choices = [R()] + ([P()] if partial else []) + [S(d) for d in range(len(shape))]
-    return DistAttr.from_placements([draw(st.sampled_from(choices)) for _ in mesh], len(shape), mesh)
+    return DistAttr.from_placements([draw(st.sampled_from(choices)) for _ in mesh], len(shape),
+                                    mesh)
 
 
 @st.composite
@@ -275,7 +294,8 @@ def test_tile_expand_concat_property(case, data):
         tgt = tuple(data.draw(st.integers(0, 3)) if s == 1 else s for s in shape)
         tgt = tuple(data.draw(st.lists(st.integers(0, 3), max_size=2))) + tgt
         r = run("expand", TensorMeta(shape, attr), shape=tgt)
-        simulate(r, [g], lambda a, coord: np.broadcast_to(a, _local_out(r, coord)), np.broadcast_to(g, tgt))
+        simulate(r, [g], lambda a, coord: np.broadcast_to(a, _local_out(r, coord)),
+                 np.broadcast_to(g, tgt))
     if shape:
         axis = data.draw(st.integers(0, len(shape) - 1))
         other = shape[:axis] + (data.draw(st.integers(0, 3)),) + shape[axis + 1:]

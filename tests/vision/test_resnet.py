@@ -15,8 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 sys.path.insert(0, os.path.join(HERE, "..", "distributed"))
 import resnet  # noqa: E402
-from references_vision import (_conv2d, _conv2d_grad, _max_pool2d,  # noqa: E402
-                               _max_pool2d_grad)
+from references_vision import _conv2d, _conv2d_grad, _max_pool2d, _max_pool2d_grad  # noqa: E402
 
 TINY = ["--width", "2", "--blocks", "1", "1", "--image-size", "8", "--classes", "3",
         "--batch", "8", "--log-interval", "1000"]
