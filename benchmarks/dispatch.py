@@ -39,13 +39,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:0] = [_ROOT, os.path.join(_ROOT, "examples"),
                  os.path.dirname(os.path.abspath(__file__))]
 
+from gpt import _free_port  # noqa: E402
 from mlp_step import Sizes, bench_mlp  # noqa: E402
 
 import disttensor as dt  # noqa: E402
 from disttensor import Shard  # noqa: E402
 from disttensor.dispatch import plan_cache_info  # noqa: E402
-from gpt import _free_port  # noqa: E402
-from mlp_step import Sizes, bench_mlp  # noqa: E402
 
 
 def _median_time(fn, number: int, repeat: int) -> float:

@@ -45,7 +45,6 @@ from ._common import (
     collective_counts,
     reset_collective_counts,
 )
-from . import failure
 from .group import (
     LocalGroup,
     PendingAllReduce,

@@ -115,30 +115,11 @@ def init_parallel_env(timeout: float | None = None) -> None:
 __version__ = "0.1.0"
 
 # -- the user layer: data, checkpoints, plans, local code, PyTorch names, collectives --
-from . import io  # noqa: E402
-from .checkpoint import load_state_dict, save_state_dict  # noqa: E402
-from .parallel import (ColWiseParallel, ColwiseParallel, DeviceMesh, DTensor, Group,  # noqa: E402
-                       LazyGuard, LocalLayer, ParallelStyle, PlanBase, PrepareLayerInput,
-                       PrepareLayerOutput, ReduceOp, RowWiseParallel, RowwiseParallel,
-                       ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer,
-                       SequenceParallel, SequenceParallelBegin, SequenceParallelDisable,
-                       SequenceParallelEnable, SequenceParallelEnd, ShardDataloader, all_gather,
-                       all_reduce, barrier, broadcast, distribute_tensor, dtensor_from_fn,
-                       fully_shard,
-                       get_mesh, init_device_mesh, local_map, new_group, parallelize,
-                       parallelize_module, reduce_scatter, set_mesh, shard_dataloader,
-                       shard_layer)
 # -- end of the user layer block --
-from .grad_sync import no_sync  # noqa: E402
 
 # -- mixed precision --
-from .dtype import bfloat16  # noqa: E402
-from . import amp  # noqa: E402
-from . import incubate  # noqa: E402,F401
 
 # -- pipeline parallelism --
-from . import pipelining  # noqa: E402
-from .parallel.pipeline import SplitPoint  # noqa: E402
 
 manual_seed = seed  # PyTorch's name for dt.seed  # noqa: E305,F405
 from .strategy import Strategy  # noqa: E402

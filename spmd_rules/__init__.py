@@ -54,10 +54,17 @@ from .base import (
     register_rule,
     rule_coverage,
 )
-from .dist_attr import DistAttr, local_offset, local_shape, local_slices, split_range
-from .dist_attr import local_ranges, locate, piece_length, strided_ranges
-from .base import (FALLBACK_RULE, RULES, Rule, SpmdResult, TensorMeta, get_rule, register_rule,
-                   rule_coverage)
+from .dist_attr import (
+    DistAttr,
+    local_offset,
+    local_ranges,
+    local_shape,
+    local_slices,
+    locate,
+    piece_length,
+    split_range,
+    strided_ranges,
+)
 from .einsum import broadcast_notations, contracted_partial, layout, linear_partial, merge_shardings
 from .mesh import ProcessMesh
 from .norm import channel_axis
@@ -96,5 +103,7 @@ __all__ = [
     "plan_reshard", "plan_same_mesh", "reshard_cost", "channel_axis", "REDUCE_PARTIAL",
     "local_ranges", "locate", "piece_length", "strided_ranges",
 ]
-from . import attention  # noqa: F401,E402  (registers the attention and rotary rules)
-from . import strided  # noqa: F401,E402  (strided-aware fronts of split, concat and the views)
+from . import (
+    attention,  # noqa: F401,E402  (registers the attention and rotary rules)
+    strided,  # noqa: F401,E402  (strided-aware fronts of split, concat and the views)
+)

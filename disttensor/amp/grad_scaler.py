@@ -22,8 +22,8 @@ from spmd_rules import DistAttr, ProcessMesh, ReduceType
 
 from .. import dispatch
 from ..distributed import api
-from ..layout.mesh_groups import get_world_size
 from ..dtype import float32
+from ..layout.mesh_groups import get_world_size
 from ..ops import assign, cast, copy_, logical_and, to_tensor, where, zeros
 from ..tape import no_grad
 from ..tensor import Tensor

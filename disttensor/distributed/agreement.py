@@ -44,7 +44,8 @@ from ..dispatch import Observer, add_observer, remove_observer
 from ..layout.dist_tensor import _CANON_IDS, _MESH_IDS, canonical, canonical_mesh
 from ..layout.mesh_groups import get_rank, get_world_size, group_over
 
-__all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_from", "check_shard_tensor",
+__all__ = ["RankDisagreementError", "agree", "agreement_cache_info", "broadcast_from",
+           "check_shard_tensor",
            "check_from_local", "check_reshard", "CACHE_LIMIT", "data_check_group",
            "note_data_check", "flush_data_checks", "pending_data_checks"]
 

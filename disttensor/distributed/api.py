@@ -22,9 +22,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spmd_rules import (LOGICAL_REDUCE_TYPES, DistAttr, Partial, Placement, ProcessMesh,
-                        ReshardPlan, Replicate, Shard, local_shape, plan_reshard)
-
 from collectives._common import CHECK_COLLECTIVES
 from spmd_rules import (
     LOGICAL_REDUCE_TYPES,
@@ -35,7 +32,7 @@ from spmd_rules import (
     Replicate,
     ReshardPlan,
     Shard,
-    local_slices,
+    local_shape,
     plan_reshard,
 )
 
@@ -51,19 +48,20 @@ from ..layout.dist_tensor import (
 )
 from ..layout.mesh_groups import check_mesh, coord_of, group_over
 from ..layout.planner import reshard_instrs
+from ..layout.reshard import cut
 from ..ops import cast, setitem, to_tensor
 from ..parameter import Parameter
 from ..plan import Instr, OutSpec, Plan
 from ..schema import OPS, public, register
 from ..tape import _GradMode, set_grad_enabled
 from ..tensor import Tensor, array_module
-from .agreement import broadcast_from, check_from_local, check_reshard, check_shard_tensor
-from .agreement import flush_data_checks
-from ..layout.dist_tensor import (_MESH_IDS, _MESHES, DistTensor, canonical, canonical_mesh,
-                          empty_piece)
-from ..layout.mesh_groups import check_mesh, coord_of, group_over
-from ..layout.planner import reshard_instrs
-from ..layout.reshard import cut
+from .agreement import (
+    broadcast_from,
+    check_from_local,
+    check_reshard,
+    check_shard_tensor,
+    flush_data_checks,
+)
 
 __all__ = ["shard_tensor", "reshard", "reshard_to", "reshard_plan", "dtensor_from_local",
            "dtensor_to_local", "unshard_dtensor", "numpy", "local_value"]

@@ -30,10 +30,10 @@ import numpy as np
 
 from .. import dispatch
 from ..distributed.agreement import flush_data_checks
-from ..layout.dist_tensor import DistTensor
 from ..generator import default_generator
 from ..layout.dist_tensor import DistTensor
 from ..nn.layer import Layer
+from ..ops import to_tensor
 from ..optimizer.gradient_merge import gradient_merge_config, merged_step
 from ..tape import in_backward, is_grad_enabled, no_grad
 from ..tensor import Tensor

@@ -9,8 +9,17 @@ from typing import Any, Callable
 import numpy as np
 
 import collectives
-from spmd_rules import (DistAttr, ProcessMesh, ReshardPlan, Step, local_ranges, local_shape,
-                         piece_length, split_range, strided_ranges)
+from spmd_rules import (
+    DistAttr,
+    ProcessMesh,
+    ReshardPlan,
+    Step,
+    local_ranges,
+    local_shape,
+    piece_length,
+    split_range,
+    strided_ranges,
+)
 
 from ..tensor import array_module
 from .dist_tensor import empty_piece

@@ -2,18 +2,33 @@
 :mod:`disttensor.ops`), plus ``linear``."""
 from __future__ import annotations
 
-from ..ops import (add, batch_norm, cross_entropy, dropout, embedding, gelu, layer_norm,
-                   log_softmax, matmul, mse_loss, one_hot, relu, relu_, sigmoid, silu, softmax,
-                   softmax_with_cross_entropy, tanh)
-from ..tensor import Tensor
-from ..ops.conv import conv1d, conv2d  # noqa: F401
-from ..ops.pool import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d,  # noqa: F401
-                        interpolate, max_pool2d)
-from ..ops.padding import pad  # noqa: F401
+from ..ops import (
+    add,
+    batch_norm,
+    cross_entropy,
+    dropout,
+    embedding,
+    gelu,
+    layer_norm,
+    log_softmax,
+    matmul,
+    mse_loss,
+    one_hot,
+    relu,
+    relu_,
+    sigmoid,
+    silu,
+    softmax,
+    softmax_with_cross_entropy,
+    tanh,
+)
 from ..ops.attention import scaled_dot_product_attention  # noqa: E402
 from ..ops.conv import conv1d, conv2d  # noqa: F401
-from ..ops.norm import rms_norm  # noqa: E402
 from ..ops.conv_transpose import conv1d_transpose, conv2d_transpose  # noqa: E402,F401
+from ..ops.norm import rms_norm  # noqa: E402
+from ..ops.padding import pad  # noqa: F401
+from ..ops.pool import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, interpolate, max_pool2d  # noqa: F401
+from ..tensor import Tensor
 
 __all__ = ["relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "softmax", "log_softmax",
            "layer_norm", "batch_norm", "embedding", "cross_entropy", "softmax_with_cross_entropy",

@@ -9,12 +9,35 @@ reduction -> matmul -> activation -> random -> embedding -> indexing -> norm -> 
 from __future__ import annotations
 
 from ..schema import API, OPS
-from . import (common, creation, elementwise, shape, reduction, matmul, activation, random,  # noqa: F401
-               embedding, indexing, norm, loss, optim)
-from . import math, einsum, statistics, scatter, sorting, sampling, subscript  # noqa: F401,E402
-from . import conv, pool  # noqa: F401,E402
-from . import attention, position, gated  # noqa: F401,E402
-from . import conv_transpose, padding  # noqa: F401,E402
+from . import (  # noqa: F401  # noqa: F401,E402  # noqa: F401,E402  # noqa: F401,E402  # noqa: F401,E402
+               activation,
+               attention,
+               common,
+               conv,
+               conv_transpose,
+               creation,
+               einsum,
+               elementwise,
+               embedding,
+               gated,
+               indexing,
+               loss,
+               math,
+               matmul,
+               norm,
+               optim,
+               padding,
+               pool,
+               position,
+               random,
+               reduction,
+               sampling,
+               scatter,
+               shape,
+               sorting,
+               statistics,
+               subscript,
+)
 
 globals().update(API)
 __all__ = sorted(API) + ["OPS"]

@@ -13,8 +13,17 @@ from spmd_rules import broadcast_notations
 
 from ..dispatch import apply, apply_inplace
 from ..dtype import bfloat16, is_floating, promote_floating, to_np_dtype
-from ..schema import (OPS, attr_dtype, fixed_dtype, paddle_promote, promoting, public, register,
-                      same_dtype, ufunc_dtype)
+from ..schema import (
+    OPS,
+    attr_dtype,
+    fixed_dtype,
+    paddle_promote,
+    promoting,
+    public,
+    register,
+    same_dtype,
+    ufunc_dtype,
+)
 from ..tensor import Tensor
 from . import fast, gpu_fused
 from .common import as_tensor, grad_op_backward, sum_to_shape

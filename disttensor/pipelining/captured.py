@@ -25,8 +25,8 @@ import time
 from typing import Any, Callable
 
 from ..autograd import backward
-from ..layout.mesh_groups import get_rank
 from ..jit.capture import StaticFunction
+from ..layout.mesh_groups import get_rank
 from ..parallel.pipeline import pipeline_info, run_chunk
 from ..tape import no_grad
 from ..tensor import Tensor

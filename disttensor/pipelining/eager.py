@@ -23,8 +23,8 @@ from spmd_rules import Replicate, Shard
 
 from ..autograd import backward
 from ..distributed.api import reshard, shard_tensor
-from ..layout.mesh_groups import get_rank, world
 from ..grad_sync import no_sync
+from ..layout.mesh_groups import get_rank, world
 from ..ops import to_tensor
 from ..parallel.pipeline import StageOutput, pipeline_info, run_chunk
 from ..tensor import Tensor

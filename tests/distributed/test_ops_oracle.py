@@ -38,14 +38,9 @@ import collectives
 import disttensor as dt
 from disttensor import Partial, Replicate, Shard
 from disttensor.dispatch import apply, apply_inplace
+from disttensor.distributed.agreement import pending_data_checks
 from disttensor.layout.mesh_groups import coord_of
 from disttensor.ops import OPS
-from disttensor.dispatch import apply, apply_inplace
-from disttensor.distributed.agreement import pending_data_checks
-
-from numpy_reference import REFERENCES
-from oracle_util import (_rng, fmt_placements, grad_indices, make_inputs, op_cases,
-                         partial_combos, placement_combos, run_case)
 
 pytestmark = pytest.mark.mpi
 

@@ -1,10 +1,7 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from spmd_rules import (DistAttr, Flatten, InputDim, Partial, Replicate, Shard, Singleton, Split,
-                        TensorMeta, local_ranges, local_shape, make_reshape_dim_trans,
-                        reshard_cost)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rules_util import coords, meta, run
 
 from spmd_rules import (
@@ -17,8 +14,8 @@ from spmd_rules import (
     Singleton,
     Split,
     TensorMeta,
+    local_ranges,
     local_shape,
-    local_slices,
     make_reshape_dim_trans,
     reshard_cost,
 )
