@@ -452,8 +452,9 @@ def _add_op(b: _Builder, index: int, rec: CallRecord, phase: str) -> ProgramOp:
         # bound to the array module eager ran it with (a dense kernel: the call's attrs)
         fn = instr.bind(rec.xp, rec.attrs if plan.kind == "dense" else None)
         takes_out = instr.accepts_out
-        if plan.op.n_out == -1 and instr.kind == "kernel" and len(outs) == 1:
-            fn = _only(fn)  # a split into one piece: its kernel returns a 1-tuple
+        if len(outs) == 1 and (instr.kind == "empty" or
+                               (plan.op.n_out == -1 and instr.kind == "kernel")):
+            fn = _only(fn)  # empty pieces, or a split into one piece: a 1-tuple
         absent = [k for k, i in enumerate(instr.ins) if i < plan.n_in and rec.inputs[i] is None]
         if absent:  # an optional input not given (layer_norm without weight): None, bound
             fn = _with_nones(fn, absent, len(instr.ins))
