@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import disttensor as dt  # noqa: E402
 import disttensor.nn.functional as F  # noqa: E402
 from disttensor import ProcessMesh, Replicate, Shard  # noqa: E402
-from disttensor.distributed.agreement import flush_data_checks  # noqa: E402
+from disttensor.ops.data_checks import flush_data_checks  # noqa: E402
 
 _CHECKED_MODULES = ("disttensor.ops.embedding", "disttensor.ops.loss")
 

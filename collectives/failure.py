@@ -101,14 +101,15 @@ def _internal_dirs() -> tuple[str, ...]:
 
 
 def call_site(frame) -> str:
-    """``file:line in func`` of the first frame outside the runtime's packages, plus a hint
-    when the collective was issued by ``Tensor.numpy()``."""
+    """``file:line in func`` of the first frame outside the runtime's packages (and outside
+    the code it generates, whose file names start with ``<disttensor``), plus a hint when the
+    collective was issued by ``Tensor.numpy()``."""
     dirs = _internal_dirs()
     hint = ""
     f = frame
     while f is not None:
         fn = os.path.abspath(f.f_code.co_filename)
-        if not fn.startswith(dirs):
+        if not fn.startswith(dirs) and not f.f_code.co_filename.startswith("<disttensor"):
             site = f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
             return site + hint
         if f.f_code.co_name == "numpy" and fn.endswith(os.path.join("distributed", "api.py")):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from .distributed.agreement import flush_data_checks
 from .grad_sync import LeafGradSync, to_leaf_layout
 from .ops import cast, ones_like
+from .ops.data_checks import flush_data_checks
 from .schema import public
 from .tape import GradNode, _GradMode, edge, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 from .tensor import Tensor

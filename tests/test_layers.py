@@ -19,7 +19,8 @@ FOUNDATIONS = ("collectives", "spmd_rules", "launch")
 #: package's __init__ only.
 LAYERS = [
     ("core", ["disttensor.dtype", "disttensor.tensor", "disttensor.parameter",
-              "disttensor.generator", "disttensor.schema", "disttensor.tape", "disttensor.plan"]),
+              "disttensor.generator", "disttensor.schema", "disttensor.tape", "disttensor.plan",
+              "disttensor.strategy", "disttensor.codegen"]),
     ("layout", ["disttensor.layout"]),
     ("seam", ["disttensor.dispatch"]),
     ("ops", ["disttensor.ops"]),

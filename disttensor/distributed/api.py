@@ -50,6 +50,7 @@ from ..layout.mesh_groups import check_mesh, coord_of, group_over
 from ..layout.planner import reshard_instrs
 from ..layout.reshard import cut
 from ..ops import cast, setitem, to_tensor
+from ..ops.data_checks import flush_data_checks
 from ..parameter import Parameter
 from ..plan import Instr, OutSpec, Plan
 from ..schema import OPS, public, register
@@ -60,7 +61,6 @@ from .agreement import (
     check_from_local,
     check_reshard,
     check_shard_tensor,
-    flush_data_checks,
 )
 
 __all__ = ["shard_tensor", "reshard", "reshard_to", "reshard_plan", "dtensor_from_local",

@@ -29,11 +29,11 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import dispatch
-from ..distributed.agreement import flush_data_checks
 from ..generator import default_generator
 from ..layout.dist_tensor import DistTensor
 from ..nn.layer import Layer
 from ..ops import to_tensor
+from ..ops.data_checks import flush_data_checks
 from ..optimizer.gradient_merge import gradient_merge_config, merged_step
 from ..tape import in_backward, is_grad_enabled, no_grad
 from ..tensor import Tensor
@@ -387,6 +387,13 @@ def to_static(fn: Callable | Any = None, *args: Any, plan_memory: bool | str = "
     return StaticFunction(fn, plan_memory=plan_memory, recompute=recompute)
 
 
+#: builders of a whole training step for strategy sections DistModel does not run itself:
+#: ``build(layer, loss, optimizer, strategy)`` returns a ``step(inputs, labels)`` callable, or
+#: None when the strategy does not ask for it (``disttensor.pipelining`` registers the
+#: pipeline's, so this module needs no import of the layers above it)
+STEP_BUILDERS: list[Callable] = []
+
+
 class DistModel:
     """Paddle's ``dist.to_static(layer, loader, loss, optimizer)`` result: ``train()``,
     ``eval()`` and ``predict()`` modes, each captured on first use; ``model(inputs, labels)`` runs
@@ -403,8 +410,8 @@ class DistModel:
                        "predict": StaticFunction(self._predict_step, "predict_step")}
         self._mode = "train" if loss is not None and optimizer is not None else \
             ("eval" if loss is not None else "predict")
-        from ..pipelining.captured import captured_pipeline  # (pipelining imports jit)
-        self._pipeline = captured_pipeline(layer, loss, optimizer, strategy)
+        self._pipeline = next((step for step in (build(layer, loss, optimizer, strategy)
+                                                 for build in STEP_BUILDERS) if step), None)
 
     def train(self) -> "DistModel":
         if self.loss is None or self.optimizer is None:

@@ -10,9 +10,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..dispatch import apply
-from ..distributed.agreement import data_check_group, note_data_check
 from ..schema import OPS, KernelCtx
 from ..tensor import Tensor
+from .data_checks import data_check_group, note_data_check
 
 __all__ = ["as_tensor", "constant", "sum_to_shape", "reduce_sum", "normalize_axis",
            "normalize_axes", "grad_op_backward", "check_index_range"]
@@ -138,7 +138,7 @@ def check_index_range(xp, ctx: KernelCtx, op: str, what: str, values, n: int,
     [0, n)<note>"`` on every rank of the op, naming the same value.
 
     Where the input is not sharded the ranks holding it find the same value and raise at once.
-    Where it is, the verdict is noted (:func:`~disttensor.distributed.agreement.note_data_check`)
+    Where it is, the verdict is noted (:func:`~disttensor.ops.data_checks.note_data_check`)
     and agreed on at the next collective (or write, ``backward``, step end): every rank raises
     there, and until then this rank computes on ``values`` with its bad entries replaced by 0,
     which this function returns (``values`` itself when they pass). ``now`` agrees at once,

@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from ..dispatch import apply
-from ..distributed.agreement import flush_data_checks
 from ..schema import OPS, fixed_dtype, public, register, same_dtype
 from ..tensor import Tensor
 from .common import as_tensor, check_index_range, normalize_axis
+from .data_checks import flush_data_checks
 from .embedding import scatter_add
 
 

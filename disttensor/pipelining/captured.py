@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from ..autograd import backward
-from ..jit.capture import StaticFunction
+from ..jit.capture import STEP_BUILDERS, StaticFunction
 from ..layout.mesh_groups import get_rank
 from ..parallel.pipeline import pipeline_info, run_chunk
 from ..tape import no_grad
@@ -181,3 +181,6 @@ def captured_pipeline(layer: Any, loss: Callable | None, optimizer: Any,
         raise ValueError("to_static (strategy.pipeline): gradient_merge cannot be enabled "
                          "beside the pipeline; its micro-batches are pipeline.accumulate_steps")
     return CapturedPipeline(layer, loss, optimizer, cfg)
+
+
+STEP_BUILDERS.append(captured_pipeline)

@@ -38,9 +38,9 @@ import collectives
 import disttensor as dt
 from disttensor import Partial, Replicate, Shard
 from disttensor.dispatch import apply, apply_inplace
-from disttensor.distributed.agreement import pending_data_checks
 from disttensor.layout.mesh_groups import coord_of
 from disttensor.ops import OPS
+from disttensor.ops.data_checks import pending_data_checks
 
 pytestmark = pytest.mark.mpi
 

@@ -17,7 +17,7 @@ import collectives
 import disttensor as dt
 import disttensor.nn.functional as F
 from disttensor import ProcessMesh, Replicate, Shard
-from disttensor.distributed.agreement import pending_data_checks
+from disttensor.ops.data_checks import pending_data_checks
 
 pytestmark = pytest.mark.mpi
 
