@@ -131,7 +131,9 @@ def main(argv=None) -> int:
     ap.add_argument("-k", dest="k", default=None, help="pytest -k expression")
     ap.add_argument("--np", default="1,2,3,4",
                     help="comma-separated MPI world sizes (default 1,2,3,4; 0 = none)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
+    ap.add_argument("--timeout", type=float, default=1800.0,
+                    help="seconds per run (default 1800; a hung test is named by its own 120 s "
+                         "timeout first)")
     ap.add_argument("--no-single", action="store_true", help="skip the single-process run")
     ap.add_argument("--no-lint", action="store_true", help="skip `ruff check .`")
     ap.add_argument("--results-dir", default=None, help="where per-rank output and junit files go")
